@@ -1,0 +1,16 @@
+"""Type aliases shared across odeckpt (jaxtyping)."""
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
+
+Y: TypeAlias = PyTree[Array]
+"""The state: any pytree of floating (or complex) arrays."""
+Args: TypeAlias = PyTree[Any]
+Scalar: TypeAlias = Float[Array, ""]
+ScalarLike: TypeAlias = float | Float[ArrayLike, ""]
+IntScalar: TypeAlias = Int[Array, ""]
+BoolScalar: TypeAlias = Bool[Array, ""]
+VectorField: TypeAlias = Callable[[Scalar, Y, Args], Y]
+"""`f(t, y, args) -> dy/dt`, with the same pytree structure, shapes and dtypes as `y`."""
