@@ -1,0 +1,50 @@
+"""Checkpoint schedules as data: planning, cost model and simulator, in pure Python and NumPy.
+
+Importing this package does not import JAX: schedules are planned at trace time from static step
+counts and tested on their own. The JAX loops of `odeckpt.checkpointing` only look values up in
+the tables built here.
+
+- `offline_schedule(n, c)`: Revolve, optimal `t(n, c)` forward steps (Griewank 1992; Griewank &
+  Walther 2000, ACM TOMS 26, Algorithm 799).
+- `online_schedule(max_steps, c)`: for loops that stop early (Stumm & Walther 2010, SISC 32(2);
+  Wang, Moin & Iaccarino 2009, SISC 31(4)).
+- `simulate(schedule, n)`: recomputations, peak snapshots and reversal order.
+- `plan(...)`: from bytes per snapshot and a memory budget to a regime and `c`.
+"""
+
+from ._binomial import (
+    binomial as binomial,
+    binomial_table as binomial_table,
+    offline_schedule as offline_schedule,
+    optimal_cost as optimal_cost,
+    repetition_number as repetition_number,
+    split as split,
+)
+from ._online import online_schedule as online_schedule
+from ._planner import (
+    DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET,
+    DEFAULT_MIN_CHECKPOINTS as DEFAULT_MIN_CHECKPOINTS,
+    Plan as Plan,
+    parse_memory as parse_memory,
+    plan as plan,
+)
+from ._schedule import Schedule as Schedule
+from ._simulate import Simulation as Simulation, simulate as simulate
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_MIN_CHECKPOINTS",
+    "Plan",
+    "Schedule",
+    "Simulation",
+    "binomial",
+    "binomial_table",
+    "offline_schedule",
+    "online_schedule",
+    "optimal_cost",
+    "parse_memory",
+    "plan",
+    "repetition_number",
+    "simulate",
+    "split",
+]

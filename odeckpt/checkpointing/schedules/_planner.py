@@ -1,0 +1,154 @@
+"""From a memory budget to a regime and a number of snapshots, with the predicted cost."""
+
+import dataclasses
+import re
+from typing import Literal
+
+from ._binomial import optimal_cost
+
+DEFAULT_MEMORY_BUDGET = 64 * 2**20
+"""Budget used when neither `checkpoints` nor `memory_budget` is given: 64 MiB."""
+DEFAULT_MIN_CHECKPOINTS = 4
+"""Fewest snapshots the default rule uses, however large the state."""
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+Regime = Literal["residuals", "states", "binomial"]
+
+
+def parse_memory(budget: int | str) -> int:
+    """Bytes from an int or a string such as `"2GB"`, `"512MiB"` or `"1.5 GiB"`.
+
+    **Example:**
+
+    ```python
+    >>> parse_memory("2GB"), parse_memory("512MiB"), parse_memory(4096)
+    (2000000000, 536870912, 4096)
+    ```
+    """
+    if isinstance(budget, bool):
+        raise TypeError("memory_budget must be an int number of bytes or a string like '2GB'")
+    if isinstance(budget, int):
+        value = budget
+    elif isinstance(budget, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", budget)
+        unit = match.group(2).upper() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(
+                f"cannot parse memory_budget={budget!r}; write bytes as an int or a string "
+                "such as '2GB', '512MiB' or '1.5GiB'"
+            )
+        value = int(float(match.group(1)) * _UNITS[unit])
+    else:
+        raise TypeError(
+            f"memory_budget must be an int number of bytes or a string like '2GB', got "
+            f"{type(budget).__name__}"
+        )
+    if value <= 0:
+        raise ValueError(f"memory_budget must be positive, got {budget!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a checkpointed loop will run, decided at trace time.
+
+    **Fields:**
+
+    - `regime`: `"residuals"` (store the VJP residuals of every step: one forward sweep, no
+        recomputation), `"states"` (store every state, each step recomputed once in its VJP) or
+        `"binomial"` (`checkpoints < steps` snapshots, Revolve or online schedule).
+    - `steps`: `n` for a scan, `max_steps` for a while loop.
+    - `online`: whether the number of steps is only bounded (while loop).
+    - `checkpoints`: snapshot slots `c` (`0` in the residuals regime).
+    - `snapshot_bytes`, `residual_bytes`: bytes of one state and of one step's VJP residuals.
+    - `memory_bytes`: predicted bytes held for the reverse sweep.
+    - `forward_steps`: predicted forward steps at `steps` (Revolve's convention, first sweep
+        included); for online schedules exact up to `C(c+2, 2)` steps and at most `steps` more
+        beyond (see `online_schedule`).
+    """
+
+    regime: Regime
+    steps: int
+    online: bool
+    checkpoints: int
+    snapshot_bytes: int
+    residual_bytes: int | None
+    memory_bytes: int
+    forward_steps: int
+
+    def __str__(self) -> str:
+        mib = self.memory_bytes / 2**20
+        return (
+            f"Plan({self.regime}: {self.steps} {'max ' if self.online else ''}steps, "
+            f"{self.checkpoints} snapshots, {mib:.3g} MiB, {self.forward_steps} forward steps)"
+        )
+
+
+def plan(
+    steps: int,
+    snapshot_bytes: int,
+    residual_bytes: int | None = None,
+    *,
+    checkpoints: int | None = None,
+    memory_budget: int | str | None = None,
+    online: bool = False,
+) -> Plan:
+    """Choose the regime and the number of snapshots.
+
+    Rule: with `checkpoints=c`, binomial when `c < steps`, else states. With a budget `B`
+    (default `DEFAULT_MEMORY_BUDGET`): residuals if `steps * residual_bytes <= B`, else states
+    if `steps * snapshot_bytes <= B`, else binomial with `c = B // snapshot_bytes` (an explicit
+    budget must hold one snapshot; the default never goes below `DEFAULT_MIN_CHECKPOINTS`).
+
+    **Example:**
+
+    ```python
+    >>> print(plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB"))
+    Plan(binomial: 10000 steps, 16 snapshots, 16 MiB, 44015 forward steps)
+    ```
+    """
+    if steps < 1:
+        raise ValueError(f"need at least one step, got {steps}; max_steps must be >= 1")
+    if checkpoints is not None and memory_budget is not None:
+        raise ValueError("pass either checkpoints or memory_budget, not both")
+    snapshot_bytes = max(int(snapshot_bytes), 1)
+    if checkpoints is not None:
+        if isinstance(checkpoints, bool) or not isinstance(checkpoints, int) or checkpoints < 1:
+            raise ValueError(
+                f"checkpoints must be an int >= 1 (slot 0 holds the initial state), got "
+                f"{checkpoints!r}; use checkpoints=1 for the least memory"
+            )
+        return _snapshots(steps, min(checkpoints, steps), snapshot_bytes, residual_bytes, online)
+    explicit = memory_budget is not None
+    budget = parse_memory(memory_budget) if explicit else DEFAULT_MEMORY_BUDGET
+    if residual_bytes is not None and steps * residual_bytes <= budget:
+        return Plan("residuals", steps, online, 0, snapshot_bytes, residual_bytes,
+                    steps * residual_bytes, steps)  # fmt: skip
+    c = budget // snapshot_bytes
+    if c < 1 and explicit:
+        raise ValueError(
+            f"memory_budget={memory_budget!r} ({budget} bytes) cannot hold one snapshot of the "
+            f"loop state ({snapshot_bytes} bytes); raise memory_budget to at least "
+            f"{snapshot_bytes} bytes, or pass checkpoints=1"
+        )
+    if not explicit:
+        c = max(c, DEFAULT_MIN_CHECKPOINTS)
+    return _snapshots(steps, min(c, steps), snapshot_bytes, residual_bytes, online)
+
+
+def _snapshots(steps, c, snapshot_bytes, residual_bytes, online) -> Plan:
+    regime: Regime = "states" if c >= steps else "binomial"
+    return Plan(regime, steps, online, c, snapshot_bytes, residual_bytes,
+                c * snapshot_bytes, optimal_cost(steps, c))  # fmt: skip
