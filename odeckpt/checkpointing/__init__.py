@@ -1,0 +1,43 @@
+"""Checkpointed loops for JAX: `checkpointed_scan` and `bounded_while_loop`.
+
+`odeckpt.checkpointing.schedules` (pure Python, imported without JAX) plans the schedules; the
+loops here execute them. Members load lazily so that importing `schedules` does not import JAX.
+"""
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_namespace
+
+if TYPE_CHECKING:
+    from . import schedules as schedules
+    from ._scan import checkpointed_scan as checkpointed_scan, scan_plan as scan_plan
+    from ._vmap import any_lane as any_lane
+    from ._while_loop import (
+        bounded_while_loop as bounded_while_loop,
+        while_loop_plan as while_loop_plan,
+    )
+    from .schedules import Plan as Plan, parse_memory as parse_memory
+
+__all__ = [
+    "Plan",
+    "any_lane",
+    "bounded_while_loop",
+    "checkpointed_scan",
+    "parse_memory",
+    "scan_plan",
+    "schedules",
+    "while_loop_plan",
+]
+
+__getattr__, __dir__ = lazy_namespace(
+    __name__,
+    {
+        "checkpointed_scan": "._scan",
+        "scan_plan": "._scan",
+        "bounded_while_loop": "._while_loop",
+        "while_loop_plan": "._while_loop",
+        "any_lane": "._vmap",
+        "Plan": ".schedules",
+        "parse_memory": ".schedules",
+    },
+)

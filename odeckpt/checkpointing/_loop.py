@@ -1,0 +1,171 @@
+"""The engine: one forward loop that stores snapshots, one reverse loop that replays a schedule.
+
+Both loops hold one step function (and the reverse loop one VJP of it), whatever the number of
+steps or the schedule's depth, so compile time does not depend on either. The reverse loop's
+decisions come from unbatched integer arithmetic on a small table of binomials (`split`, see
+`schedules.split`), never from batched data.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _tree
+from ._vmap import any_lane
+from .schedules import Schedule, binomial_table
+
+_INT = jnp.int32
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loop:
+    """A loop in the engine's normal form.
+
+    - `step(params, state, x, i) -> (state, index, values)`: one step; `values` are written to
+        the buffers at `index` (int32 `[k]`, out of range dropped).
+    - `cond(params, state) -> bool` or `None` (a scan: run exactly `steps` steps).
+    - `steps`: `n` for a scan, `max_steps` for a while loop.
+    """
+
+    step: Callable[..., tuple[Any, jax.Array, Any]]
+    cond: Callable[..., jax.Array] | None
+    steps: int
+
+
+def _x(xs, i):
+    return None if xs is None else _tree.index(xs, i)
+
+
+def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
+    """Run the loop; with a `schedule`, store snapshots as it says.
+
+    Returns `(state, buffers, residuals)`; `residuals = (n, held, snaps, pos)` (the number of
+    steps run, the state before the last step, the snapshot array and the position each slot
+    holds), or `None` without a schedule.
+    """
+    save = schedule is not None
+    if save:
+        c = schedule.checkpoints
+        # position i is decided one step later, at iteration i + 1 (see `Schedule`)
+        table = jnp.asarray(np.append(-1, schedule.store[1:]), _INT)
+        snaps = _tree.update(_tree.stack_zeros(init, c), init, 0)
+        pos = jnp.full((c,), -1, _INT).at[0].set(0)
+    else:
+        snaps = pos = None
+    pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
+    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred)
+
+    def keep_going(carry):
+        i, *_, pred = carry
+        going = i < loop.steps
+        return going if loop.cond is None else going & any_lane(pred)
+
+    def body(carry):
+        i, state, prev, snaps, pos, buffers, _ = carry
+        if save:
+            slot = table[i]
+            snaps, pos = lax.cond(
+                slot >= 0,
+                lambda: (_tree.update(snaps, prev, slot), pos.at[slot].set(i - 1)),
+                lambda: (snaps, pos),
+            )
+        new, idx, values = loop.step(params, state, _x(xs, i), i)
+        buffers = _tree.write(buffers, idx, values)
+        pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
+        return i + 1, new, state, snaps, pos, buffers, pred
+
+    n, state, held, snaps, pos, buffers, _ = lax.while_loop(keep_going, body, carry)
+    return state, buffers, ((n, held, snaps, pos) if save else None)
+
+
+def _split(table, length, free):
+    """`schedules.split(length, free)` from the binomial table (valid for length, free >= 2)."""
+    free = jnp.clip(free, 2, table.shape[0] - 1)
+    length = jnp.maximum(length, 2)
+    row, row_below = table[free], table[free - 1]
+    r = jnp.sum(row < length).astype(_INT)
+    return jnp.minimum(row[r - 1], length - row_below[r - 1])
+
+
+def reverse(loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int):
+    """Replay the schedule backwards from the snapshots; returns the input cotangents.
+
+    Returns `(ct_params, ct_init, ct_xs, ct_buffers)` for the inexact leaves (`None`
+    elsewhere), `ct_buffers` being the cotangent of the initial buffer contents.
+    """
+    n, held, snaps, pos = residuals
+    c = checkpoints
+    table = jnp.asarray(binomial_table(c, loop.steps), _INT)
+    big = jnp.iinfo(_INT).max
+    perm = jnp.argsort(jnp.where(pos >= 0, pos, big)).astype(_INT)
+    stack = pos[perm]
+    k = jnp.sum(pos >= 0).astype(_INT)
+    params_f, params_rest = _tree.split_inexact(params)
+    ct_params = _tree.zeros_like(params_f)
+    ct_xs = None if xs is None else _tree.zeros_like(_tree.split_inexact(xs)[0])
+    carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
+
+    def vjp_step(cur, state, ct_state, ct_params, ct_xs, ct_buffers):
+        state_f, state_rest = _tree.split_inexact(state)
+        x = _x(xs, cur)
+        x_f, x_rest = _tree.split_inexact(x)
+
+        def f(p_f, s_f, xx_f):
+            new, idx, values = loop.step(
+                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur
+            )
+            return (_tree.split_inexact(new)[0], _tree.split_inexact(values)[0]), idx
+
+        _, vjp_fn, idx = jax.vjp(f, params_f, state_f, x_f, has_aux=True)
+        ct_values, ct_buffers = _tree.gather_and_clear(ct_buffers, idx)
+        ct_p, ct_s, ct_x = vjp_fn((ct_state, ct_values))
+        ct_params = _tree.add(ct_params, ct_p)
+        if ct_xs is not None:
+            ct_xs = _tree.update(ct_xs, ct_x, cur)
+        return ct_s, ct_params, ct_xs, ct_buffers
+
+    def body(carry):
+        end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
+        top, top_slot = stack[k - 1], perm[k - 1]
+        held, cur = lax.cond(
+            cur < 0, lambda: (_tree.index(snaps, top_slot), top), lambda: (held, cur)
+        )
+        free = c - k + 1
+        push = (free >= 2) & (cur < end - 1) & (cur == top + _split(table, end - top, free))
+        snaps = lax.cond(
+            push, lambda: _tree.update(snaps, held, perm[jnp.minimum(k, c - 1)]), lambda: snaps
+        )
+        stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
+        k = k + push.astype(_INT)
+
+        def rev(held, ct_state, ct_params, ct_xs, ct_buffers):
+            out = vjp_step(cur, held, ct_state, ct_params, ct_xs, ct_buffers)
+            return held, *out
+
+        def fwd(held, ct_state, ct_params, ct_xs, ct_buffers):
+            new, _, _ = loop.step(params, held, _x(xs, cur), cur)
+            return new, ct_state, ct_params, ct_xs, ct_buffers
+
+        is_rev = cur == end - 1
+        held, ct_state, ct_params, ct_xs, ct_buffers = lax.cond(
+            is_rev, rev, fwd, held, ct_state, ct_params, ct_xs, ct_buffers
+        )
+        end = jnp.where(is_rev, end - 1, end)
+        cur = jnp.where(is_rev, -1, cur + 1)
+        pop = is_rev & (end == stack[k - 1])
+        k = k - pop.astype(_INT)
+        return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
+
+    out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
+    ct_state, ct_params, ct_xs, ct_buffers = out[6:]
+    return ct_params, ct_state, ct_xs, ct_buffers
+
+
+def _combine(a, b):
+    return eqx.combine(a, b)

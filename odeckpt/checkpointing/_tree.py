@@ -1,0 +1,86 @@
+"""Small pytree helpers shared by the loops."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+
+
+def is_inexact(x) -> bool:
+    """Whether `x` is an array (or a typed scalar literal) of floating or complex dtype."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+def split_inexact(tree):
+    """`(inexact, rest)`: the floating/complex array leaves and everything else."""
+    return eqx.partition(tree, is_inexact)
+
+
+def index(tree, i):
+    """Leaf-wise `leaf[i]` along the leading axis (`i` traced)."""
+    return jtu.tree_map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), tree)
+
+
+def update(tree, value, i):
+    """Leaf-wise `tree[i] = value` along the leading axis (`i` traced)."""
+    return jtu.tree_map(lambda a, v: lax.dynamic_update_index_in_dim(a, v, i, 0), tree, value)
+
+
+def stack_zeros(tree, length):
+    """Zeros of shape `[length, *leaf.shape]` for each leaf."""
+    return jtu.tree_map(lambda a: jnp.zeros((length, *jnp.shape(a)), jnp.result_type(a)), tree)
+
+
+def add(a, b):
+    """`a + b` leaf-wise, where `None` stands for zero."""
+    return jtu.tree_map(lambda x, y: x if y is None else (y if x is None else x + y), a, b,
+                        is_leaf=lambda x: x is None)  # fmt: skip
+
+
+def zeros_like(tree):
+    return jtu.tree_map(jnp.zeros_like, tree)
+
+
+def nbytes(tree) -> int:
+    """Bytes of the array leaves of `tree` (arrays or `jax.ShapeDtypeStruct`s)."""
+    leaves = jtu.tree_leaves(tree)
+    return int(sum(jnp.size(x) * jnp.dtype(x.dtype).itemsize for x in leaves))
+
+
+def where(pred, new, old):
+    """Leaf-wise `jnp.where(pred, new, old)` (per lane under `vmap`)."""
+    return jtu.tree_map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def write(buffers, idx, values):
+    """`buffer[idx[j]] = values[j]`; indices outside `[0, m)` are dropped."""
+    return jtu.tree_map(
+        lambda b, v: b.at[idx].set(v.astype(b.dtype), mode="drop", unique_indices=True),
+        buffers,
+        values,
+    )
+
+
+def gather_and_clear(ct_buffers, idx):
+    """The cotangents at `idx` (zero outside `[0, m)`), and the buffers with those slots zeroed."""
+    got = jtu.tree_map(lambda b: b.at[idx].get(mode="fill", fill_value=0), ct_buffers)
+    cleared = jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
+    return got, cleared
+
+
+def check_same_structure(what, expected, got, fix):
+    """Raise a `TypeError` naming `fix` if `got` differs from `expected` in structure/shape/dtype."""
+    e_leaves, e_def = jtu.tree_flatten(expected)
+    g_leaves, g_def = jtu.tree_flatten(got)
+    if e_def != g_def:
+        raise TypeError(f"{what} changed the pytree structure from {e_def} to {g_def}; {fix}")
+    for e, g in zip(e_leaves, g_leaves, strict=True):
+        es, gs = (jnp.shape(e), jnp.result_type(e)), (jnp.shape(g), jnp.result_type(g))
+        if es != gs:
+            raise TypeError(f"{what} changed a leaf from shape/dtype {es} to {gs}; {fix}")
+
+
+def strong(tree):
+    """Leaves as arrays with concrete (non-weak) dtypes, so loop carries keep their types."""
+    return jtu.tree_map(lambda x: jnp.array(x, dtype=jnp.result_type(x)), tree)
