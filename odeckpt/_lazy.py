@@ -17,7 +17,8 @@ def lazy_namespace(
     **Arguments:**
 
     - `package`: the `__name__` of the package being populated.
-    - `exports`: public name -> relative module that defines it (e.g. `{"solve": "._solve"}`).
+    - `exports`: public name -> relative module that defines it (e.g. `{"solve": "._solve"}`),
+        or the relative name of a public subpackage itself (`{"checkpointing": ".checkpointing"}`).
     """
 
     def __getattr__(name: str) -> object:
@@ -25,7 +26,9 @@ def lazy_namespace(
             module = exports[name]
         except KeyError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
-        value = getattr(importlib.import_module(module, package), name)
+        imported = importlib.import_module(module, package)
+        is_submodule = imported.__name__ == f"{package}.{name}"
+        value = imported if is_submodule else getattr(imported, name)
         setattr(sys.modules[package], name, value)
         return value
 

@@ -1,0 +1,62 @@
+"""odeckpt: differential equation solvers in JAX with memory-efficient gradients.
+
+Members are imported on first use, so that `odeckpt.checkpointing.schedules` (pure Python) can be
+imported without JAX.
+"""
+
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_namespace
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "solve": "._solve",
+    "Solution": "._solution",
+    "Stats": "._solution",
+    "Status": "._status",
+    "SaveAt": "._saveat",
+    "AbstractAdjoint": "._adjoint",
+    "ForwardMode": "._adjoint",
+    "AbstractController": "._controllers",
+    "ConstantStep": "._controllers",
+    "PIDController": "._controllers",
+    "AbstractStepper": "._steppers",
+    "Euler": "._steppers",
+    "Heun": "._steppers",
+    "Midpoint": "._steppers",
+    "Ralston": "._steppers",
+    "RK4": "._steppers",
+    "Bosh3": "._steppers",
+    "Tsit5": "._steppers",
+    "Dopri5": "._steppers",
+    "Dopri8": "._steppers",
+    "checkpointing": ".checkpointing",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from . import checkpointing as checkpointing
+    from ._adjoint import AbstractAdjoint as AbstractAdjoint, ForwardMode as ForwardMode
+    from ._controllers import (
+        AbstractController as AbstractController,
+        ConstantStep as ConstantStep,
+        PIDController as PIDController,
+    )
+    from ._saveat import SaveAt as SaveAt
+    from ._solution import Solution as Solution, Stats as Stats
+    from ._solve import solve as solve
+    from ._status import Status as Status
+    from ._steppers import (
+        RK4 as RK4,
+        AbstractStepper as AbstractStepper,
+        Bosh3 as Bosh3,
+        Dopri5 as Dopri5,
+        Dopri8 as Dopri8,
+        Euler as Euler,
+        Heun as Heun,
+        Midpoint as Midpoint,
+        Ralston as Ralston,
+        Tsit5 as Tsit5,
+    )

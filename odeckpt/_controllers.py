@@ -1,0 +1,237 @@
+"""Step-size controllers: how long the next step is, and whether the last one is accepted.
+
+Times here are internal times `tau = direction * t`, so step sizes are positive.
+"""
+
+import abc
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._steppers._base import AbstractStepper
+from ._types import Args, BoolScalar, Scalar, VectorField, Y
+
+
+class Decision(eqx.Module):
+    """A controller's verdict on an attempted step."""
+
+    accept: BoolScalar
+    next_dt: Scalar
+    state: Y
+    underflow: BoolScalar
+    finite: BoolScalar
+
+
+class AbstractController(eqx.Module):
+    """Chooses step sizes. `init` picks the first step; `adapt` judges each attempted step."""
+
+    @abc.abstractmethod
+    def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
+        """Raise (naming the fix) if this controller cannot drive `stepper` with `dt0`."""
+
+    @abc.abstractmethod
+    def init(
+        self,
+        f: VectorField,
+        t0: Scalar,
+        y0: Y,
+        f0: Y,
+        args: Args,
+        stepper: AbstractStepper,
+        dt0: Scalar | None,
+    ) -> tuple[Scalar, Y, int]:
+        """First step size (positive), initial controller state, and the `f` evaluations used."""
+
+    @abc.abstractmethod
+    def adapt(
+        self,
+        t0: Scalar,
+        t1: Scalar,
+        dt: Scalar,
+        y0: Y,
+        y1: Y,
+        y_error: Y | None,
+        stepper: AbstractStepper,
+        state: Y,
+    ) -> Decision:
+        """Judge the step from `t0` to `t1` and propose the next step size. `dt` is the step size
+        that was proposed for this step: `t1 - t0` is smaller when the step was clipped to land on
+        a save time or the end of the span."""
+
+
+class ConstantStep(AbstractController):
+    """Fixed step size `dt0` (given to `solve`). The solve takes exactly `ceil((t1 - t0) / dt0)`
+    steps, the last one shortened to land on `t1`; a step whose end would fall within rounding
+    error of `t1` or of a save time lands on it exactly.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver="rk4", controller=odeckpt.ConstantStep(),
+                        dt0=0.01)
+    ```
+    """
+
+    def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
+        if dt0 is None:
+            raise ValueError(
+                "ConstantStep needs a step size. Fix: pass `dt0=...` to `odeckpt.solve`."
+            )
+
+    def init(self, f, t0, y0, f0, args, stepper, dt0):
+        assert dt0 is not None
+        return dt0, None, 0
+
+    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state):
+        del t0, t1, y0, y_error, stepper
+        finite = _all_finite(y1)
+        return Decision(
+            accept=finite,
+            next_dt=dt,
+            state=state,
+            underflow=jnp.logical_not(finite),
+            finite=finite,
+        )
+
+
+class PIDController(AbstractController):
+    """Adaptive step size from the embedded error estimate (Söderlind's PID form).
+
+    The scaled error is the root mean square over all components of
+    `error / (atol + rtol * max(|y0|, |y1|))`; a step is accepted when it is at most 1. The next
+    step is `safety * e_n**(-b1/k) * e_{n-1}**(-b2/k) * e_{n-2}**(-b3/k)` times the last one, with
+    `k = error_order + 1`, `b1 = pcoeff + icoeff + dcoeff`, `b2 = -(pcoeff + 2 * dcoeff)`,
+    `b3 = dcoeff`, clipped to `[factormin, factormax]` (and to at most 1 after a rejection).
+    The default `icoeff=1` is the classic integral ("I") controller; `pcoeff=0.4, icoeff=0.3` is
+    the PI controller recommended for stiff problems.
+
+    **Arguments:**
+
+    - `rtol`, `atol`: tolerances; `None` takes those passed to `odeckpt.solve`.
+    - `pcoeff`, `icoeff`, `dcoeff`: PID gains.
+    - `dtmin`, `dtmax`: bounds on the step size; a step size forced below `dtmin` (or below
+        machine precision relative to t) ends the solve with `Status.dt_underflow`.
+    - `factormin`, `factormax`: bounds on the ratio of consecutive step sizes.
+    - `safety`: safety factor.
+
+    **References:** G. Söderlind, "Digital filters in adaptive time-stepping", ACM TOMS 29 (2003);
+    Hairer, Nørsett & Wanner, *Solving ODEs I*, section II.4.
+    """
+
+    rtol: float | None = None
+    atol: float | None = None
+    pcoeff: float = 0.0
+    icoeff: float = 1.0
+    dcoeff: float = 0.0
+    dtmin: float | None = None
+    dtmax: float | None = None
+    factormin: float = 0.2
+    factormax: float = 10.0
+    safety: float = 0.9
+
+    def __check_init__(self):
+        for name in ("rtol", "atol", "dtmin", "dtmax"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"PIDController({name}={value}) must be positive.")
+        if not 0 < self.factormin < 1 < self.factormax:
+            raise ValueError(
+                "PIDController needs 0 < factormin < 1 < factormax, got "
+                f"factormin={self.factormin}, factormax={self.factormax}."
+            )
+        if not 0 < self.safety <= 1:
+            raise ValueError(f"PIDController(safety={self.safety}) must be in (0, 1].")
+        if self.dtmin is not None and self.dtmax is not None and self.dtmin > self.dtmax:
+            raise ValueError("PIDController needs dtmin <= dtmax.")
+
+    def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
+        if stepper.error_order is None:
+            raise ValueError(
+                f"The {type(stepper).__name__} stepper has no embedded error estimate, so it "
+                "cannot adapt its step size. Fix: pass `controller=odeckpt.ConstantStep()` with "
+                "`dt0=...`, or choose an adaptive solver such as 'tsit5' or 'dopri5'."
+            )
+
+    def with_tolerances(self, rtol: float, atol: float) -> "PIDController":
+        """This controller with unset tolerances taken from `rtol` and `atol`."""
+        return dataclasses.replace(
+            self,
+            rtol=rtol if self.rtol is None else self.rtol,
+            atol=atol if self.atol is None else self.atol,
+        )
+
+    def init(self, f, t0, y0, f0, args, stepper, dt0):
+        inverse_errors = (jnp.ones_like(t0), jnp.ones_like(t0))
+        if dt0 is not None:
+            return self._clip(jnp.asarray(dt0, t0.dtype)), inverse_errors, 0
+        return self._clip(self._initial_dt(f, t0, y0, f0, args, stepper)), inverse_errors, 1
+
+    def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
+        """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
+        scale = jax.tree.map(lambda y: self.atol + self.rtol * jnp.abs(y), y0)
+        d0 = _rms(y0, scale)
+        d1 = _rms(f0, scale)
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1).astype(t0.dtype)
+        y1 = jax.tree.map(lambda y, k: y + h0.astype(y.dtype) * k, y0, f0)
+        f1 = f(t0 + h0, y1, args)
+        d2 = _rms(jax.tree.map(jnp.subtract, f1, f0), scale) / h0
+        order = min(stepper.order, stepper.error_order or stepper.order)
+        d12 = jnp.maximum(d1, d2)
+        h1 = jnp.where(
+            d12 <= 1e-15,
+            jnp.maximum(1e-6, h0 * 1e-3),
+            (0.01 / d12) ** (1.0 / (order + 1)),
+        ).astype(t0.dtype)
+        return jnp.minimum(100 * h0, h1)
+
+    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state):
+        assert y_error is not None and stepper.error_order is not None
+        scale = jax.tree.map(
+            lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
+        )
+        error = _rms(y_error, scale).astype(t0.dtype)
+        finite = jnp.isfinite(error) & _all_finite(y1)
+        accept = finite & (error <= 1)
+        k = min(stepper.order, stepper.error_order) + 1
+        b1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
+        b2 = -(self.pcoeff + 2 * self.dcoeff) / k
+        b3 = self.dcoeff / k
+        inverse = jnp.where(finite, 1 / jnp.maximum(error, 1e-10), 0.0)
+        inverse_prev, inverse_prev2 = state
+        factor = self.safety * inverse**b1
+        if b2 != 0:
+            factor = factor * inverse_prev**b2
+        if b3 != 0:
+            factor = factor * inverse_prev2**b3
+        factor = jnp.clip(factor, self.factormin, self.factormax)
+        factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
+        next_dt = factor * (t1 - t0)
+        # An accepted step shortened to hit a save time says nothing against the longer proposal.
+        next_dt = self._clip(jnp.where(accept & (t1 - t0 < dt), jnp.maximum(next_dt, dt), next_dt))
+        tiny = 10 * jnp.finfo(t0.dtype).eps * jnp.maximum(jnp.abs(t1), jnp.abs(t0))
+        dtmin = tiny if self.dtmin is None else jnp.maximum(self.dtmin, tiny)
+        state = jax.tree.map(
+            lambda new, old: jnp.where(accept, new, old),
+            (inverse, inverse_prev),
+            state,
+        )
+        return Decision(
+            accept=accept, next_dt=next_dt, state=state, underflow=next_dt < dtmin, finite=finite
+        )
+
+    def _clip(self, dt: Scalar) -> Scalar:
+        if self.dtmax is not None:
+            dt = jnp.minimum(dt, self.dtmax)
+        return dt
+
+
+def _rms(y: Y, scale: Y) -> Scalar:
+    squares = jax.tree.leaves(jax.tree.map(lambda a, s: jnp.sum(jnp.abs(a / s) ** 2), y, scale))
+    size = sum(leaf.size for leaf in jax.tree.leaves(y))
+    return jnp.sqrt(sum(squares) / size)
+
+
+def _all_finite(y: Y) -> BoolScalar:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))

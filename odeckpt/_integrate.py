@@ -1,0 +1,233 @@
+"""The integration loop, as a condition, a body and output buffers.
+
+The loop is written once and run by whichever loop runner the adjoint chooses (a plain while loop,
+a checkpointed one, ...). The body returns the new state and the rows it writes to the output
+buffers; buffers are never part of the loop state, so a checkpointing runner never copies them.
+
+All times inside the loop are internal times `tau = direction * t`, so the loop always integrates
+forwards: `f` is wrapped accordingly and step sizes are positive.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._controllers import AbstractController
+from ._progress import ProgressMeter
+from ._saveat import SaveAt
+from ._status import Status
+from ._steppers._base import AbstractStepper
+from ._types import Args, IntScalar, Scalar, VectorField, Y
+
+MAX_SAVES_PER_STEP = 16
+"""Save times interpolated per step at most; a step is shortened to hit the last of them."""
+
+
+def saves_per_step(stepper: AbstractStepper) -> int:
+    """How many save times one step may interpolate. A stepper whose continuous extension is
+    less accurate than its steps (e.g. Dopri8 with a cubic Hermite) lands on every save time."""
+    return MAX_SAVES_PER_STEP if stepper.dense_degree >= stepper.order - 1 else 1
+
+Writes = tuple[tuple[Array, Y], ...]
+"""One `(index, values)` pair per output buffer group; rows with an out-of-range index are
+dropped."""
+
+
+class LoopState(eqx.Module):
+    """What the loop carries from step to step (and all that a checkpoint must hold)."""
+
+    t: Scalar
+    y: Y
+    dt: Scalar
+    stepper_state: Y
+    controller_state: Y
+    save_index: IntScalar
+    num_steps: IntScalar
+    num_accepted: IntScalar
+    num_rejected: IntScalar
+    status: Status
+
+
+class Loop(eqx.Module):
+    """The integration loop for one problem: `cond`, `body`, initial state and output buffers."""
+
+    f: VectorField
+    args: Args
+    stepper: AbstractStepper
+    controller: AbstractController
+    t_end: Scalar
+    ts: Float[Array, " n"] | None
+    saveat: SaveAt
+    max_steps: int = eqx.field(static=True)
+    progress: ProgressMeter | None
+
+    def cond(self, state: LoopState) -> Array:
+        return (state.t < self.t_end) & (state.status == Status.successful)
+
+    def body(self, state: LoopState) -> tuple[LoopState, Writes]:
+        t0 = state.t
+        t1, clipped = self._step_end(state)
+        step = self.stepper.step(self.f, t0, t1, state.y, self.args, state.stepper_state)
+        decision = self.controller.adapt(
+            t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper, state.controller_state
+        )
+        accept = decision.accept
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
+        failed = decision.underflow & ~accept
+        status = Status.where(
+            failed,
+            Status.where(decision.finite, Status.dt_underflow, Status.nonfinite),
+            state.status,
+        )
+        save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept)
+        new = LoopState(
+            t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
+            y=keep(step.y1, state.y),
+            dt=decision.next_dt,
+            stepper_state=keep(step.state, state.stepper_state),
+            controller_state=decision.state,
+            save_index=save_index,
+            num_steps=state.num_steps + 1,
+            num_accepted=state.num_accepted + accept,
+            num_rejected=state.num_rejected + ~accept,
+            status=status,
+        )
+        if self.progress is not None:
+            new = self.progress.update(new, new.t)
+        step_index = jnp.where(accept, state.num_accepted, self.max_steps)[None]
+        one_row = lambda tree: jax.tree.map(lambda x: x[None], tree)
+        writes = save_writes
+        if self.saveat.steps:
+            writes += ((step_index, one_row((t1, step.y1))),)
+        if self.saveat.dense:
+            writes += ((step_index, one_row((t1, step.dense))),)
+        return new, writes
+
+    def _stop(self, state: LoopState) -> Scalar:
+        """The next time a step must land on: the end of the span, or the last save time that
+        one step may interpolate."""
+        per_step = saves_per_step(self.stepper)
+        if self.ts is None or self.ts.shape[0] <= per_step:
+            return self.t_end
+        last = state.save_index + per_step - 1
+        save_stop = self.ts[jnp.minimum(last, self.ts.shape[0] - 1)]
+        return jnp.where(last < self.ts.shape[0], jnp.minimum(save_stop, self.t_end), self.t_end)
+
+    def _step_end(self, state: LoopState) -> tuple[Scalar, Array]:
+        stop = self._stop(state)
+        t1 = state.t + state.dt
+        # Land exactly on `stop` when within rounding of it, so no sliver step is left over.
+        slack = 100 * jnp.finfo(t1.dtype).eps * jnp.maximum(jnp.abs(stop), jnp.abs(state.t))
+        clipped = t1 >= stop - slack
+        return jnp.where(clipped, stop, t1), clipped
+
+    def _save_writes(
+        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array
+    ) -> tuple[IntScalar, Writes]:
+        if self.ts is None:
+            return state.save_index, ()
+        num_ts = self.ts.shape[0]
+        k = min(num_ts, saves_per_step(self.stepper))
+        index = state.save_index + jnp.arange(k)
+        t_save = self.ts[jnp.minimum(index, num_ts - 1)]
+        valid = accept & (index < num_ts) & (t_save <= t1)
+        theta = (t_save - state.t) / (t1 - state.t)
+        values = jax.tree.map(
+            lambda c, y: jnp.where(_rows(t_save == t1, y), y, _horner(c, theta)), dense, y1
+        )
+        index = jnp.where(valid, index, num_ts)
+        return state.save_index + jnp.sum(valid, dtype=jnp.int32), ((index, values),)
+
+    def init_state(self, t0: Scalar, y0: Y, dt0: Scalar | None) -> tuple[LoopState, int]:
+        """The initial loop state, and the vector-field evaluations spent making it."""
+        f0 = self.stepper.init(self.f, t0, y0, self.args)
+        dt, controller_state, evals = self.controller.init(
+            self.f, t0, y0, f0, self.args, self.stepper, dt0
+        )
+        state = LoopState(
+            t=t0,
+            y=y0,
+            dt=jnp.minimum(dt, self.t_end - t0),
+            stepper_state=f0,
+            controller_state=controller_state,
+            save_index=_zero_count(),
+            num_steps=_zero_count(),
+            num_accepted=_zero_count(),
+            num_rejected=_zero_count(),
+            status=Status.successful,
+        )
+        return state, 1 + evals
+
+    def init_outputs(self, t0: Scalar, y0: Y) -> tuple[Y, ...]:
+        """Output buffers, one group per kind of write, filled with `inf` (save times equal to
+        `t0` are filled with `y0`, so a zero-length solve still returns them)."""
+        outputs = ()
+        if self.ts is not None:
+            at_t0 = self.ts <= t0
+            n = self.ts.shape[0]
+            outputs += (jax.tree.map(lambda y: jnp.where(_rows(at_t0, y), y, _filled(n, y)), y0),)
+        if self.saveat.steps:
+            n = self.max_steps
+            outputs += ((_filled(n, t0), jax.tree.map(lambda y: _filled(n, y), y0)),)
+        if self.saveat.dense:
+            coeffs = jax.eval_shape(
+                lambda: self.stepper.step(self.f, t0, t0, y0, self.args, y0).dense
+            )
+            outputs += (
+                (
+                    _filled(self.max_steps, t0),
+                    jax.tree.map(lambda c: jnp.zeros((self.max_steps, *c.shape), c.dtype), coeffs),
+                ),
+            )
+        return outputs
+
+
+def _zero_count() -> IntScalar:
+    return jnp.zeros((), jnp.int32)
+
+
+def _horner(coeffs: Array, theta: Array) -> Array:
+    """Evaluate the polynomial with coefficients `coeffs[j]` (lowest first) at each `theta`:
+    rows of shape `coeffs.shape[1:]`, one per entry of the 1-D `theta`."""
+    theta = _rows(theta.astype(coeffs.dtype), coeffs[0])
+    value = jnp.broadcast_to(coeffs[-1][None], theta.shape[:1] + coeffs.shape[1:])
+    for c in coeffs[-2::-1]:
+        value = value * theta + c[None]
+    return value
+
+
+def _rows(mask: Array, y: Array) -> Array:
+    """`mask` reshaped to broadcast against rows of shape `y.shape`."""
+    return mask.reshape(mask.shape + (1,) * y.ndim)
+
+
+def _filled(n: int, like: Array) -> Array:
+    """`n` rows shaped like `like`, all `inf`."""
+    return jnp.full((n, *jnp.shape(like)), jnp.inf, dtype=jnp.result_type(like))
+
+
+def apply_writes(outputs: tuple[Y, ...], writes: Writes) -> tuple[Y, ...]:
+    """Scatter each group's rows into its buffers, dropping out-of-range rows."""
+
+    def scatter(group: Y, index: Array, values: Y) -> Y:
+        return jax.tree.map(
+            lambda buffer, rows: buffer.at[index].set(rows, mode="drop"), group, values
+        )
+
+    return tuple(
+        scatter(group, index, values)
+        for group, (index, values) in zip(outputs, writes, strict=True)
+    )
+
+
+def vector_field_in_internal_time(f: VectorField, direction: Scalar | float) -> VectorField:
+    """`f` as a function of internal time `tau = direction * t`."""
+    if isinstance(direction, float | int) and direction == 1:
+        return f
+
+    def f_internal(tau, y, args):
+        dy = f(direction * tau, y, args)
+        return jax.tree.map(lambda d: (direction * d).astype(d.dtype), dy)
+
+    return f_internal

@@ -1,0 +1,95 @@
+"""The result of a solve."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from ._status import Status
+from ._types import IntScalar, Scalar, Y
+
+
+class Stats(eqx.Module):
+    """Counters of what a solve did (per batch element under `vmap`).
+
+    **Fields:**
+
+    - `num_steps`: attempted steps (accepted + rejected); bounded by `max_steps`.
+    - `num_accepted_steps`, `num_rejected_steps`: as named.
+    - `num_fn_evals`: evaluations of the vector field, including those for the initial step size.
+    """
+
+    num_steps: IntScalar
+    num_accepted_steps: IntScalar
+    num_rejected_steps: IntScalar
+    num_fn_evals: IntScalar
+
+
+class DenseOutput(eqx.Module):
+    """Every accepted step's continuous extension, as polynomial coefficients in the step's
+    normalised time `theta`. Times are internal times `direction * t`, so they increase.
+    """
+
+    t_start: Scalar
+    t_ends: Float[Array, " max_steps"]
+    coeffs: Y
+    num_accepted: IntScalar
+
+    def evaluate(self, t: Scalar) -> Y:
+        last = jnp.maximum(self.num_accepted - 1, 0)
+        index = jnp.minimum(jnp.searchsorted(self.t_ends, t, side="left"), last)
+        start = jnp.where(index == 0, self.t_start, self.t_ends[jnp.maximum(index - 1, 0)])
+        theta = (t - start) / (self.t_ends[index] - start)
+
+        def horner(coeff: Array) -> Array:
+            step_coeff = coeff[index]
+            value = step_coeff[-1]
+            for c in step_coeff[-2::-1]:
+                value = value * theta.astype(c.dtype) + c
+            return value
+
+        return jax.tree.map(horner, self.coeffs)
+
+
+class Solution(eqx.Module):
+    """The output of `odeckpt.solve`.
+
+    **Fields:**
+
+    - `ts`, `ys`: the saved times and states (see `SaveAt` for the layout); `ys` is a pytree like
+        `y0` whose leaves have a leading time axis.
+    - `stats`: a `Stats` of counters.
+    - `status`: a `Status`; `Status.successful` unless the solve stopped early (`throw=False`).
+    - `t0`, `t1`: the time span.
+    """
+
+    ts: Float[Array, " n"] | None
+    ys: Y | None
+    stats: Stats
+    status: Status
+    t0: Scalar
+    t1: Scalar
+    dense: DenseOutput | None
+
+    def evaluate(self, t: Float[ArrayLike, "..."]) -> Y:
+        """The continuous solution at time(s) `t` (needs `SaveAt(dense=True)`).
+
+        **Arguments:**
+
+        - `t`: a time or an array of times inside the span.
+
+        **Returns:**
+
+        A pytree like `y0`; with an array `t`, leaves get `t`'s shape as leading axes.
+        """
+        if self.dense is None:
+            raise ValueError(
+                "`Solution.evaluate` needs the dense output. Fix: pass "
+                "`saveat=odeckpt.SaveAt(dense=True)` to `odeckpt.solve`."
+            )
+        t = jnp.asarray(t, dtype=self.t0.dtype)
+        direction = jnp.where(self.t1 >= self.t0, 1, -1).astype(t.dtype)
+        evaluate = self.dense.evaluate
+        for _ in range(t.ndim):
+            evaluate = jax.vmap(evaluate)
+        return evaluate(direction * t)

@@ -1,0 +1,241 @@
+"""The front door: `odeckpt.solve`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _validate as validate
+from ._adjoint import AbstractAdjoint, ForwardMode
+from ._controllers import AbstractController, ConstantStep, PIDController
+from ._integrate import Loop, LoopState, vector_field_in_internal_time
+from ._progress import ProgressBar, ProgressMeter
+from ._saveat import SaveAt
+from ._solution import DenseOutput, Solution, Stats
+from ._status import Status
+from ._steppers import AbstractStepper, Tsit5, stepper_from_name
+from ._types import Args, Scalar, VectorField, Y
+
+ADJOINTS: dict[str, type[AbstractAdjoint]] = {"forward": ForwardMode}
+
+
+def solve(
+    f: VectorField,
+    y0: Y,
+    t_span,
+    args: Args = None,
+    *,
+    solver: AbstractStepper | str = Tsit5(),
+    adjoint: AbstractAdjoint | str = "forward",
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    dt0: float | None = None,
+    controller: AbstractController | None = None,
+    saveat: SaveAt | jax.Array | np.ndarray | None = None,
+    max_steps: int = 4096,
+    throw: bool = True,
+    progress: bool = False,
+) -> Solution:
+    """Solve the initial value problem `dy/dt = f(t, y, args)`, `y(t0) = y0`, over `t_span`.
+
+    **Arguments:**
+
+    - `f`: the vector field `f(t, y, args)`, returning a pytree like `y`.
+    - `y0`: the initial state: any pytree of float32/float64/complex arrays.
+    - `t_span`: `(t0, t1)`; `t1 < t0` integrates backwards, `t1 == t0` returns `y0` in zero
+        steps.
+    - `args`: anything `f` needs (arrays, equinox modules, ...).
+    - `solver`: a stepper (`odeckpt.Tsit5()`, ...) or its name (`"dopri5"`).
+    - `adjoint`: how the solve is differentiated (an adjoint object or its name).
+    - `rtol`, `atol`: tolerances of the adaptive step-size controller.
+    - `dt0`: the first step size (`None`: chosen automatically); required by `ConstantStep`.
+    - `controller`: `odeckpt.PIDController(...)` (the default for steppers with an error
+        estimate) or `odeckpt.ConstantStep()` (the default for the others).
+    - `saveat`: a `SaveAt`, or an array of times meaning `SaveAt(ts=...)`; `None` saves `t1`.
+    - `max_steps`: most steps (accepted and rejected) before the solve stops.
+    - `throw`: raise if the solve fails at run time; with `False`, inspect `sol.status`.
+    - `progress`: show a tqdm progress bar (works under `jit` and `vmap`; costs a host callback
+        per step).
+
+    **Returns:**
+
+    A `Solution` with `ts`, `ys`, `stats`, `status` and, with `SaveAt(dense=True)`,
+    `evaluate(t)`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def lotka_volterra(t, y, args):
+        prey, predator = y
+        a, b, c, d = args
+        return jnp.stack([a * prey - b * prey * predator, d * prey * predator - c * predator])
+
+    sol = odeckpt.solve(lotka_volterra, jnp.array([10.0, 5.0]), (0.0, 20.0),
+                        args=(1.1, 0.4, 0.4, 0.1), saveat=jnp.linspace(0.0, 20.0, 101))
+    ```
+    """
+    stepper = _stepper(solver)
+    adjoint = _adjoint(adjoint)
+    y0 = validate.as_state(y0)
+    t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
+    validate.check_tolerances(rtol, atol)
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps={max_steps!r} must be a positive int.")
+    controller = _controller(controller, stepper, dt0, rtol, atol)
+    saveat = _saveat(saveat)
+    validate.check_vector_field(f, t0, y0, args)
+    t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
+    if t0_value is not None and t1_value is not None and t0_value != t1_value:
+        validate.check_dt0(dt0, t0, t1)
+    ts = (
+        None if saveat.ts is None else validate.check_save_times(saveat.ts.astype(t0.dtype), t0, t1)
+    )
+    # A direction known at trace time keeps `f` unwrapped for forward solves.
+    direction = (
+        None if t0_value is None or t1_value is None else (1.0 if t1_value >= t0_value else -1.0)
+    )
+    return _solve(
+        f,
+        validate.check_finite(y0),
+        t0,
+        t1,
+        ts,
+        args,
+        stepper,
+        adjoint,
+        controller,
+        saveat,
+        dt0,
+        max_steps,
+        throw,
+        progress,
+        direction,
+    )
+
+
+@eqx.filter_jit
+def _solve(
+    f,
+    y0,
+    t0,
+    t1,
+    ts,
+    args,
+    stepper,
+    adjoint,
+    controller,
+    saveat,
+    dt0,
+    max_steps,
+    throw,
+    progress,
+    direction,
+):
+    if direction is None:
+        direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
+    tau0, tau_end = direction * t0, direction * t1
+    loop = Loop(
+        f=vector_field_in_internal_time(f, direction),
+        args=args,
+        stepper=stepper,
+        controller=controller,
+        t_end=tau_end,
+        ts=None if ts is None else direction * ts,
+        saveat=saveat,
+        max_steps=max_steps,
+        progress=ProgressMeter(tau0, tau_end, ProgressBar()) if progress else None,
+    )
+    dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
+    state, init_evals = loop.init_state(tau0, y0, dt)
+    state, outputs = adjoint.run(loop, state, loop.init_outputs(tau0, y0))
+    status = Status.where(
+        (state.status == Status.successful) & (state.t < tau_end),
+        Status.max_steps_reached,
+        state.status,
+    )
+    ts_out, ys_out, dense = _collect(loop, saveat, direction, t0, y0, ts, state, outputs)
+    if throw:
+        ys_out, dense = status.error_if((ys_out, dense), status != Status.successful)
+    stats = Stats(
+        num_steps=state.num_steps,
+        num_accepted_steps=state.num_accepted,
+        num_rejected_steps=state.num_rejected,
+        num_fn_evals=init_evals + state.num_steps * stepper.fn_evals_per_step,
+    )
+    return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
+
+
+def _collect(
+    loop: Loop, saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, state: LoopState, outputs
+) -> tuple[jax.Array | None, Y | None, DenseOutput | None]:
+    """Assemble the saved blocks t0 | ts | steps | t1 (see `SaveAt`) and the dense output."""
+    outputs = list(outputs)
+    blocks = []
+    if saveat.t0:
+        blocks.append((t0[None], jax.tree.map(lambda y: y[None], y0)))
+    if ts is not None:
+        blocks.append((ts, outputs.pop(0)))
+    if saveat.steps:
+        step_ts, step_ys = outputs.pop(0)
+        blocks.append((jnp.where(jnp.isfinite(step_ts), direction * step_ts, jnp.inf), step_ys))
+    if saveat.t1:
+        blocks.append(((direction * state.t)[None], jax.tree.map(lambda y: y[None], state.y)))
+    dense = None
+    if saveat.dense:
+        t_ends, coeffs = outputs.pop(0)
+        t_ends = jnp.where(jnp.arange(loop.max_steps) < state.num_accepted, t_ends, jnp.inf)
+        dense = DenseOutput(direction * t0, t_ends, coeffs, state.num_accepted)
+    if not blocks:
+        return None, None, dense
+    ts_out = jnp.concatenate([block_ts for block_ts, _ in blocks])
+    ys_out = jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *[ys for _, ys in blocks])
+    return ts_out, ys_out, dense
+
+
+def _stepper(solver) -> AbstractStepper:
+    if isinstance(solver, str):
+        return stepper_from_name(solver)
+    if not isinstance(solver, AbstractStepper):
+        raise TypeError(
+            f"solver={solver!r} is not a stepper. Fix: pass e.g. `odeckpt.Tsit5()` or a name "
+            "such as 'tsit5'."
+        )
+    return solver
+
+
+def _adjoint(adjoint) -> AbstractAdjoint:
+    if isinstance(adjoint, str):
+        try:
+            return ADJOINTS[adjoint.lower()]()
+        except KeyError:
+            raise ValueError(
+                f"Unknown adjoint {adjoint!r}. Fix: use one of {sorted(ADJOINTS)}."
+            ) from None
+    if not isinstance(adjoint, AbstractAdjoint):
+        raise TypeError(f"adjoint={adjoint!r} is not an adjoint. Fix: pass e.g. 'forward'.")
+    return adjoint
+
+
+def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol) -> AbstractController:
+    if controller is None:
+        controller = ConstantStep() if stepper.error_order is None else PIDController()
+    if not isinstance(controller, AbstractController):
+        raise TypeError(
+            f"controller={controller!r} is not a step-size controller. Fix: pass "
+            "`odeckpt.PIDController(...)` or `odeckpt.ConstantStep()`."
+        )
+    controller.check(stepper, dt0)
+    if isinstance(controller, PIDController):
+        controller = controller.with_tolerances(rtol, atol)
+    return controller
+
+
+def _saveat(saveat) -> SaveAt:
+    if saveat is None:
+        return SaveAt(t1=True)
+    if isinstance(saveat, SaveAt):
+        return saveat
+    return SaveAt(ts=saveat)

@@ -1,0 +1,151 @@
+"""Checks of `solve`'s inputs. Each raises at call (trace) time with the fix in the message;
+checks that need values which are only known at run time go through `eqx.error_if`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._types import Args, Scalar, VectorField, Y
+
+
+def as_state(y0: Y) -> Y:
+    """`y0` with every leaf an array of floating or complex dtype."""
+
+    def convert(leaf):
+        if isinstance(leaf, float | complex):
+            return jnp.asarray(leaf)
+        if not hasattr(leaf, "dtype"):
+            raise TypeError(
+                f"y0 must be a pytree of arrays, found a leaf of type {type(leaf).__name__}. "
+                "Fix: convert it with `jnp.asarray(..., dtype=float)`."
+            )
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise TypeError(
+                f"y0 has a leaf of dtype {leaf.dtype}; ODE states must be floating or complex. "
+                "Fix: `y0 = jnp.asarray(y0, dtype=float)` (or float32 / complex64)."
+            )
+        return jnp.asarray(leaf)
+
+    leaves = jax.tree.leaves(y0)
+    if not leaves:
+        raise ValueError("y0 has no arrays. Fix: pass the initial state as an array or pytree.")
+    return jax.tree.map(convert, y0)
+
+
+def time_dtype(y0: Y) -> jnp.dtype:
+    """The widest real floating dtype among the leaves of `y0`."""
+    return jnp.result_type(*[jnp.finfo(leaf.dtype).dtype for leaf in jax.tree.leaves(y0)])
+
+
+def time_span(t_span, dtype) -> tuple[Scalar, Scalar]:
+    try:
+        t0, t1 = t_span
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"t_span must be a pair (t0, t1), got {t_span!r}. Fix: pass e.g. `(0.0, 10.0)`."
+        ) from None
+    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    if t0.shape != () or t1.shape != ():
+        raise ValueError(
+            f"t0 and t1 must be scalars, got shapes {t0.shape} and {t1.shape}. Fix: to solve "
+            "over many spans, `jax.vmap` over `solve`."
+        )
+    return t0, t1
+
+
+def check_finite(y0: Y) -> Y:
+    """`y0`, raising (at run time if it is traced) when it holds NaN or inf."""
+    for leaf in jax.tree.leaves(y0):
+        if not isinstance(leaf, jax.core.Tracer) and not np.all(np.isfinite(leaf)):
+            raise ValueError(
+                "y0 contains NaN or inf. Fix: check how the initial condition is computed."
+            )
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y0)]))
+    return eqx.error_if(
+        y0, ~finite, "y0 contains NaN or inf. Fix: check how the initial condition is computed."
+    )
+
+
+def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
+    """Raise unless `f(t, y, args)` returns the structure, shapes and dtypes of `y0`."""
+    out = jax.eval_shape(f, t0, y0, args)
+    expected = jax.eval_shape(lambda: y0)
+    if jax.tree.structure(out) != jax.tree.structure(expected):
+        raise ValueError(
+            "The vector field returned a different pytree structure than y0: "
+            f"got {jax.tree.structure(out)}, expected {jax.tree.structure(expected)}. "
+            "Fix: make `f(t, y, args)` return dy/dt with exactly the structure of y."
+        )
+    leaves = zip(jax.tree_util.tree_leaves_with_path(out), jax.tree.leaves(expected), strict=True)
+    for (path, o), e in leaves:
+        where = jax.tree_util.keystr(path) or "the state"
+        if o.shape != e.shape:
+            raise ValueError(
+                f"The vector field returned shape {o.shape} for {where}, but y0 has shape "
+                f"{e.shape}. Fix: return dy/dt with the same shape as y (check broadcasting)."
+            )
+        if o.dtype != e.dtype:
+            raise ValueError(
+                f"The vector field returned dtype {o.dtype} for {where}, but y0 has dtype "
+                f"{e.dtype}. Fix: make f return the state's dtype, e.g. `dy.astype(y.dtype)`, or "
+                "create y0 with the dtype f computes in."
+            )
+
+
+def check_tolerances(rtol: float, atol: float) -> None:
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not np.all(np.asarray(value) > 0):
+            raise ValueError(
+                f"{name}={value} must be positive. Fix: pass e.g. rtol=1e-6, atol=1e-8."
+            )
+
+
+def concrete(x) -> np.ndarray | None:
+    """The value of `x` if it is known at trace time, else `None`."""
+    try:
+        return np.asarray(x)
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
+def check_dt0(dt0, t0: Scalar, t1: Scalar) -> None:
+    if dt0 is None:
+        return
+    dt, t0_value, t1_value = concrete(dt0), concrete(t0), concrete(t1)
+    if dt is None:
+        return
+    if dt == 0:
+        raise ValueError("dt0=0 would never advance. Fix: pass a non-zero dt0 or dt0=None.")
+    if (
+        t0_value is not None
+        and t1_value is not None
+        and np.sign(dt) != np.sign(t1_value - t0_value)
+    ):
+        raise ValueError(
+            f"dt0={float(dt)} points away from t1 (t0={float(t0_value)}, t1={float(t1_value)}). "
+            "Fix: give dt0 the sign of t1 - t0."
+        )
+
+
+def check_save_times(ts, t0: Scalar, t1: Scalar):
+    """`ts`, raising (at run time if traced) unless sorted along the direction of integration and
+    inside the span."""
+    message = (
+        "SaveAt(ts=...) must be sorted in the direction of integration and lie within "
+        "[t0, t1]. Fix: e.g. `ts = jnp.linspace(t0, t1, n)`."
+    )
+    values, t0_value, t1_value = concrete(ts), concrete(t0), concrete(t1)
+    if values is not None and t0_value is not None and t1_value is not None:
+        lo, hi = min(t0_value, t1_value), max(t0_value, t1_value)
+        order = np.diff(values) * (1 if t1_value >= t0_value else -1)
+        if np.any(order < 0) or np.any(values < lo) or np.any(values > hi):
+            raise ValueError(message + f" Got ts={values} for t_span=({t0_value}, {t1_value}).")
+        return ts
+    direction = jnp.where(t1 >= t0, 1, -1)
+    bad = (
+        jnp.any(jnp.diff(ts) * direction < 0)
+        | jnp.any(ts < jnp.minimum(t0, t1))
+        | jnp.any(ts > jnp.maximum(t0, t1))
+    )
+    return eqx.error_if(ts, bad, message)
