@@ -1,0 +1,75 @@
+"""Bad input raises at call time with the fix in the message."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odeckpt
+
+decay = lambda t, y, args: -y
+y0 = jnp.ones(3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(y0=jnp.array([1.0, jnp.nan])), ValueError, "NaN or inf"),
+        (dict(y0=jnp.array([1, 2])), TypeError, "dtype=float"),
+        (dict(y0=np.array([1, 2], dtype=np.int32)), TypeError, "floating or complex"),
+        (dict(y0={"a": "text"}), TypeError, "pytree of arrays"),
+        (dict(f=lambda t, y, a: {"y": y}), ValueError, "structure"),
+        (dict(f=lambda t, y, a: y[:2]), ValueError, "shape"),
+        (dict(f=lambda t, y, a: y.astype(jnp.float32)), ValueError, "dtype"),
+        (dict(saveat=jnp.array([0.5, 0.2])), ValueError, "sorted"),
+        (dict(saveat=jnp.array([0.5, 1.5])), ValueError, "within"),
+        (dict(rtol=0.0), ValueError, "rtol=0.0 must be positive"),
+        (dict(atol=-1e-8), ValueError, "atol"),
+        (dict(dt0=-0.1), ValueError, "sign of t1 - t0"),
+        (dict(dt0=0.0), ValueError, "non-zero dt0"),
+        (dict(controller=odeckpt.ConstantStep()), ValueError, "dt0="),
+        (dict(solver="rk45"), ValueError, "dopri5"),
+        (dict(solver=object()), TypeError, "Tsit5"),
+        (dict(adjoint="magic"), ValueError, "forward"),
+        (dict(solver="rk4"), ValueError, "dt0="),
+        (dict(solver="rk4", controller=odeckpt.PIDController()), ValueError, "ConstantStep"),
+        (dict(max_steps=0), ValueError, "positive int"),
+        (dict(t_span=(0.0,)), ValueError, "pair"),
+        (dict(t_span=(jnp.zeros(2), 1.0)), ValueError, "scalars"),
+        (dict(controller="pid"), TypeError, "PIDController"),
+    ],
+)
+def test_bad_input(kwargs, error, match):
+    call = dict(f=decay, y0=y0, t_span=(0.0, 1.0)) | kwargs
+    f, state, t_span = call.pop("f"), call.pop("y0"), call.pop("t_span")
+    with pytest.raises(error, match=match):
+        odeckpt.solve(f, state, t_span, **call)
+
+
+def test_traced_bad_input_raises_at_run_time():
+    solve = jax.jit(lambda y0, ts: odeckpt.solve(decay, y0, (0.0, 1.0), saveat=ts).ys)
+    with pytest.raises(Exception, match="NaN or inf"):
+        solve(jnp.array([jnp.inf]), jnp.array([0.5]))
+    with pytest.raises(Exception, match="sorted"):
+        solve(jnp.array([1.0]), jnp.array([0.5, 0.2]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(factormin=2.0), "factormin"),
+        (dict(safety=1.5), "safety"),
+        (dict(rtol=-1.0), "rtol"),
+        (dict(dtmin=1.0, dtmax=0.5), "dtmin <= dtmax"),
+    ],
+)
+def test_bad_controller(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        odeckpt.PIDController(**kwargs)
+
+
+def test_bad_saveat():
+    with pytest.raises(ValueError, match="saves nothing"):
+        odeckpt.SaveAt()
+    with pytest.raises(ValueError, match="1-D"):
+        odeckpt.SaveAt(ts=[[0.5]])
