@@ -53,7 +53,7 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     if save:
         c = schedule.checkpoints
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
-        table = jnp.asarray(np.append(-1, schedule.store[1:]), _INT)
+        table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
         snaps = _tree.update(_tree.stack_zeros(init, c), init, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
     else:

@@ -1,5 +1,7 @@
 """Small pytree helpers shared by the loops."""
 
+import math
+
 import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -45,7 +47,7 @@ def zeros_like(tree):
 def nbytes(tree) -> int:
     """Bytes of the array leaves of `tree` (arrays or `jax.ShapeDtypeStruct`s)."""
     leaves = jtu.tree_leaves(tree)
-    return int(sum(jnp.size(x) * jnp.dtype(x.dtype).itemsize for x in leaves))
+    return int(sum(math.prod(jnp.shape(x)) * jnp.dtype(x.dtype).itemsize for x in leaves))
 
 
 def where(pred, new, old):
