@@ -1,0 +1,200 @@
+"""`bounded_while_loop` against an unrolled early-exit reference (float64, tolerance 1e-12)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
+from odeckpt.checkpointing.schedules import online_schedule, simulate
+
+_COUNT = [0]
+
+
+def _bump():
+    _COUNT[0] += 1
+
+
+def _problem(theta, count=False):
+    """A toy adaptive integrator: stop when y reaches 5; write (t, y) to slot `i`."""
+
+    def cond(v):
+        return v["y"][0] < 5.0
+
+    def body(v):
+        if count:
+            jax.debug.callback(_bump)
+        y, i = v["y"], v["i"]
+        dy = jnp.stack([theta * jnp.exp(-0.1 * y[0]) + 0.05 * y[1], jnp.cos(theta * y[0])])
+        y2 = y + 0.3 * dy
+        write = (jnp.stack([i, i + 100]), {"y": jnp.stack([y2, y2]), "t": jnp.stack([y2[1]] * 2)})
+        return {"y": y2, "i": i + 1}, write
+
+    return cond, body
+
+
+def _init(y0):
+    return {"y": jnp.stack([y0, jnp.asarray(0.5)]), "i": jnp.asarray(0, jnp.int32)}
+
+
+def _buffers():
+    return {"y": jnp.full((30, 2), 0.25), "t": jnp.linspace(0.0, 1.0, 30)}
+
+
+def _reference(theta, y0, buffers, max_steps):
+    cond, body = _problem(theta)
+    v = _init(y0)
+    for _ in range(max_steps):
+        if not cond(v):
+            break
+        v, (idx, values) = body(v)
+        buffers = jax.tree.map(lambda b, x: b.at[idx].set(x, mode="drop"), buffers, values)
+    return v, buffers
+
+
+def _ours(theta, y0, buffers, max_steps, **kw):
+    cond, body = _problem(theta)
+    return bounded_while_loop(cond, body, _init(y0), max_steps=max_steps, outputs=buffers, **kw)
+
+
+def _loss(run):
+    w = {"y": jnp.arange(60.0).reshape(30, 2) / 50, "t": jnp.arange(30.0) / 9}
+
+    def loss(theta, y0, buffers):
+        v, b = run(theta, y0, buffers)
+        return jnp.sum(v["y"] ** 2) + sum(jnp.sum(b[k] * w[k] ** 2) for k in b)
+
+    return loss
+
+
+def _assert_close(a, b):
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        scale = max(1.0, float(jnp.max(jnp.abs(v))))
+        np.testing.assert_allclose(u, v, rtol=0, atol=1e-12 * scale)
+
+
+def _grad(run, *args):
+    return jax.value_and_grad(_loss(run), argnums=(0, 1, 2))(*args)
+
+
+@pytest.mark.parametrize("max_steps", [40, 12])  # stops early / hits max_steps
+def test_matches_unrolled_reference(max_steps):
+    args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
+    ref = _grad(lambda *a: _reference(*a, max_steps), *args)
+    for kw in [{"checkpoints": c} for c in (1, 3, 40)] + [{}, {"memory_budget": 200}]:
+        run = jax.jit(lambda *a, kw=kw: _ours(*a, max_steps, **kw))
+        _assert_close(jax.tree.leaves(run(*args)), jax.tree.leaves(_reference(*args, max_steps)))
+        _assert_close(_grad(run, *args), ref)
+
+
+def test_without_outputs():
+    cond, body = _problem(0.8)
+    f = lambda v: body(v)[0]
+    run = lambda y0: bounded_while_loop(cond, f, _init(y0), max_steps=50, checkpoints=3)["y"]
+    ref = lambda y0: _reference(0.8, y0, _buffers(), 50)[0]["y"]
+    _assert_close(run(0.1), ref(0.1))
+    _assert_close(jax.jacrev(run)(0.1), jax.jacrev(ref)(0.1))
+
+
+def test_zero_steps():
+    cond = lambda v: v < 0.0
+    out = bounded_while_loop(cond, lambda v: v + 1.0, 1.0, max_steps=5, checkpoints=2)
+    assert out == 1.0
+    g = jax.grad(lambda v: bounded_while_loop(cond, lambda v: v * 2, v, max_steps=5))(1.0)
+    assert g == 1.0
+
+
+def test_vmap_lockstep_matches_per_lane():
+    y0s = jnp.array([0.1, 2.5, 4.0, 6.0])  # the last lane never runs
+    args = (jnp.asarray(0.8), y0s, _buffers())
+    for kw in ({"checkpoints": 3}, {}):
+        run = lambda th, y0, b, kw=kw: _ours(th, y0, b, 40, **kw)
+        batched = jax.jit(
+            jax.vmap(jax.value_and_grad(_loss(run), argnums=(0, 1, 2)), (None, 0, None))
+        )
+        got = batched(*args)
+        for lane, y0 in enumerate(y0s):
+            ref = _grad(lambda *a: _reference(*a, 40), args[0], y0, args[2])
+            _assert_close(jax.tree.map(lambda x, lane=lane: x[lane], got), ref)
+
+
+def _count(fn, *args):
+    fn(*args)
+    _COUNT[0] = 0
+    jax.block_until_ready(fn(*args))
+    return _COUNT[0]
+
+
+def _steps_taken(y0, max_steps=60):
+    return int(_reference(0.8, y0, _buffers(), max_steps)[0]["i"])
+
+
+@pytest.mark.parametrize("c", [2, 3, 6])
+def test_step_evaluations_match_simulator_and_vmap_does_not_double(c):
+    def loss(y0):
+        cond, body = _problem(0.8, count=True)
+        v, b = bounded_while_loop(
+            cond, body, _init(y0), max_steps=60, checkpoints=c, outputs=_buffers()
+        )
+        return jnp.sum(v["y"]) + jnp.sum(b["t"])
+
+    schedule = online_schedule(60, c)
+    for y0 in (0.1, 3.0):
+        count = _count(jax.jit(jax.grad(loss)), jnp.asarray(y0))
+        assert count == simulate(schedule, _steps_taken(y0)).step_evaluations
+    y0s = jnp.array([0.1, 3.0, 2.0])
+    batched = _count(jax.jit(jax.vmap(jax.grad(loss))), y0s)
+    assert batched == simulate(schedule, _steps_taken(0.1)).step_evaluations  # the longest lane
+
+
+def _temp_bytes(fn, *args):
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_memory_flat_in_max_steps():
+    def loss(y0, max_steps):
+        f = lambda y: jnp.sin(y) * 1.01 + 0.1
+        y = bounded_while_loop(lambda y: y[0] < 1e9, f, y0, max_steps=max_steps, checkpoints=8)
+        return y.sum()
+
+    m = [_temp_bytes(jax.grad(lambda y: loss(y, s)), jnp.ones(1000)) for s in (10**3, 10**4, 10**5)]
+    assert m[1] <= 1.1 * m[0] and m[2] <= 1.1 * m[0], m
+
+
+def test_buffers_are_not_snapshotted():
+    def loss(y0, buffers, c):
+        cond, body = _problem(0.8)
+        v, b = bounded_while_loop(
+            cond, body, _init(y0), max_steps=40, checkpoints=c, outputs=buffers
+        )
+        return jnp.sum(b["y"])
+
+    big = {"y": jnp.zeros((20_000, 2)), "t": jnp.zeros(20_000)}
+    m2, m8 = (_temp_bytes(jax.grad(lambda y, b, c=c: loss(y, b, c)), 0.1, big) for c in (2, 8))
+    assert m8 - m2 < 20_000 * 8  # snapshots hold the 2-vector state, not the buffers
+
+
+def test_plan_and_errors():
+    cond, body = _problem(0.8)
+    init = _init(jnp.asarray(0.1))
+    assert (
+        while_loop_plan(cond, body, init, max_steps=100, outputs=_buffers()).regime == "residuals"
+    )
+    plan = while_loop_plan(cond, body, init, max_steps=100, checkpoints=4, outputs=_buffers())
+    assert plan.online and plan.checkpoints == 4
+    with pytest.raises(ValueError, match="max_steps must be a Python int >= 1"):
+        bounded_while_loop(cond, body, init, max_steps=0, outputs=_buffers())
+    with pytest.raises(ValueError, match="checkpoints=1"):
+        bounded_while_loop(cond, body, init, max_steps=10, checkpoints=0, outputs=_buffers())
+    with pytest.raises(ValueError, match="at least 20 bytes"):
+        bounded_while_loop(cond, body, init, max_steps=10, memory_budget=8, outputs=_buffers())
+    with pytest.raises(TypeError, match="body_fun must return"):
+        bounded_while_loop(cond, lambda v: body(v)[0], init, max_steps=10, outputs=_buffers())
+    bad_index = lambda v: (body(v)[0], (jnp.zeros((2, 1), jnp.int32), body(v)[1][1]))
+    with pytest.raises(TypeError, match="index an int32 array"):
+        bounded_while_loop(cond, bad_index, init, max_steps=10, outputs=_buffers())
+    bad_values = lambda v: (body(v)[0], (jnp.zeros(3, jnp.int32), body(v)[1][1]))
+    with pytest.raises(TypeError, match=r"k = 3"):
+        bounded_while_loop(cond, bad_values, init, max_steps=10, outputs=_buffers())
+    with pytest.raises(TypeError, match="same structure, shapes and dtypes as init_val"):
+        bounded_while_loop(cond, lambda v: {**v, "i": 1.0}, init, max_steps=10)
