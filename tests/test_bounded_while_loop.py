@@ -198,3 +198,11 @@ def test_plan_and_errors():
         bounded_while_loop(cond, bad_values, init, max_steps=10, outputs=_buffers())
     with pytest.raises(TypeError, match="same structure, shapes and dtypes as init_val"):
         bounded_while_loop(cond, lambda v: {**v, "i": 1.0}, init, max_steps=10)
+
+
+def test_forward_mode_matches_reverse():
+    args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
+    for kw in ({"checkpoints": 3}, {}):
+        loss = _loss(lambda *a, kw=kw: _ours(*a, 40, **kw))
+        fwd = jax.jacfwd(loss, argnums=(0, 1))(*args)
+        _assert_close(fwd, jax.grad(loss, argnums=(0, 1))(*args))

@@ -214,3 +214,36 @@ def test_errors_name_the_fix():
         checkpointed_scan(lambda c, x: (c * x, None), jnp.ones(2), xs, memory_budget="lots")
     with pytest.raises(ValueError, match="one length"):
         checkpointed_scan(lambda c, x: (c, None), jnp.ones(2), xs, length=3)
+
+
+@pytest.mark.parametrize("c", [2, 20])
+def test_forward_mode(c):
+    init, xs, theta = _problem(20, 3, 2)
+    init = {"y": init["y"], "s": init["s"], "k": init["k"]}
+    tangents = (
+        jax.tree.map(jnp.ones_like, {"y": init["y"], "s": init["s"]}),
+        jax.tree.map(lambda x: 0.1 * x, xs),
+    )
+
+    def run(scan):
+        def g(init_f, xs):
+            return scan(_step(theta), {**init_f, "k": init["k"]}, xs)
+
+        return jax.jit(lambda t: jax.jvp(g, ({"y": init["y"], "s": init["s"]}, xs), t))
+
+    got = run(lambda f, i, x: checkpointed_scan(f, i, x, checkpoints=c))(tangents)
+    _assert_close(got, run(jax.lax.scan)(tangents))
+
+
+def test_vmap_of_grad_and_jacfwd():
+    xs = jnp.linspace(0.5, 1.5, 20)
+    loss = lambda y0, c: checkpointed_scan(_counted_free, y0, xs, checkpoints=c)[0]
+    ref = lambda y0: jax.lax.scan(_counted_free, y0, xs)[0]
+    y0s = jnp.stack([jnp.ones(3), 2 * jnp.ones(3)])
+    got = jax.vmap(jax.grad(lambda y: loss(y, 3).sum()))(y0s)
+    _assert_close(got, jax.vmap(jax.grad(lambda y: ref(y).sum()))(y0s))
+    _assert_close(jax.jacfwd(lambda y: loss(y, 3))(y0s[0]), jax.jacrev(ref)(y0s[0]))
+
+
+def _counted_free(carry, x):
+    return jnp.sin(carry) * x + 0.1 * carry, carry[0]

@@ -1,4 +1,11 @@
-"""The differentiable wrapper around the engine: one custom VJP per regime."""
+"""The differentiable wrapper: a `custom_jvp` whose tangent is a `linear_call`.
+
+Forward mode evaluates a forward-mode loop; reverse mode transposes the `linear_call`, which runs
+the regime's reverse sweep on residuals computed by the primal pass (snapshots, or the VJP
+residuals of every step).
+"""
+
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -8,87 +15,103 @@ import numpy as np
 from jax import lax
 
 from . import _tree
+from ._linear import linear_call
 from ._loop import Loop, forward, reverse
 from ._vmap import any_lane
 from .schedules import Plan, offline_schedule, online_schedule
 
 
-def _zero_cotangent(struct):
-    def leaf(x):
-        if jnp.issubdtype(x.dtype, jnp.inexact):
-            return jnp.zeros(x.shape, x.dtype)
-        return np.zeros(x.shape, jax.dtypes.float0)
+def _float0_fill(part, struct):
+    """`part` (inexact leaves, `None` elsewhere) completed with float0/zero leaves of `struct`."""
 
-    return jtu.tree_map(leaf, struct)
+    def leaf(p, s):
+        if p is not None or s is None:
+            return p
+        if jnp.issubdtype(s.dtype, jnp.inexact):
+            return jnp.zeros(s.shape, s.dtype)
+        return np.zeros(s.shape, jax.dtypes.float0)
+
+    return jtu.tree_map(leaf, part, struct, is_leaf=lambda x: x is None)
 
 
-def _fill(ct, struct):
-    """Cotangents for every leaf of `struct`: `ct` where given, zeros (or float0) elsewhere."""
-    zeros = _zero_cotangent(struct)
-    if ct is None:
-        return zeros
-    return jtu.tree_map(lambda z, c: z if c is None else c, zeros, ct, is_leaf=lambda x: x is None)
+def _inexact_part(tree):
+    return _tree.split_inexact(tree)[0]
 
 
 def run(loop: Loop, plan: Plan, params, init, xs, buffers):
-    """Run `loop` from `init` and return `(state, buffers)`, differentiable as `plan` says."""
+    """Run `loop` from `init`, returning `(state, buffers)`, differentiable as `plan` says."""
+    primal = lambda *args: forward(loop, *args, None)[:2]
     if plan.regime == "residuals":
-        return _run_residuals(loop, params, init, xs, buffers)
-    c = plan.checkpoints
-    if plan.online:
-        schedule = online_schedule(loop.steps, c)
+        fwd, bwd = _residuals(loop)
     else:
-        schedule = offline_schedule(loop.steps, c)
-    structs = jax.eval_shape(lambda: (params, init, xs, buffers))
+        fwd, bwd = _snapshots(loop, plan)
 
-    @jax.custom_vjp
+    @jax.custom_jvp
     def _run(params, init, xs, buffers):
-        state, buffers, _ = forward(loop, params, init, xs, buffers, None)
-        return state, buffers
+        return primal(params, init, xs, buffers)
 
-    def _fwd(params, init, xs, buffers):
-        state, buffers, res = forward(loop, params, init, xs, buffers, schedule)
-        return (state, buffers), (params, xs, res)
+    @_run.defjvp
+    def _run_jvp(primals, tangents):
+        out, saved = fwd(*primals)
+        structs = jax.eval_shape(lambda: (primals, out))
+        lin_leaves, lin_def = jtu.tree_flatten(_inexact_part(tangents))
+        res_leaves, res_def = jtu.tree_flatten((primals, saved))
+        out_def = jtu.tree_structure(_inexact_part(out))
 
-    def _bwd(saved, cts):
-        params, xs, res = saved
-        ct_state, ct_buffers = cts
-        ct_state = _tree.split_inexact(ct_state)[0]
-        ct_buffers = _tree.split_inexact(ct_buffers)[0]
-        out = reverse(loop, params, xs, res, ct_state, ct_buffers, c)
-        return tuple(_fill(ct, s) for ct, s in zip(out, structs, strict=True))
+        def tangent(res_leaves, lin_leaves):
+            primals, _ = jtu.tree_unflatten(res_def, res_leaves)
+            t = _float0_fill(jtu.tree_unflatten(lin_def, lin_leaves), structs[0])
+            return jtu.tree_leaves(_inexact_part(jax.jvp(primal, primals, t)[1]))
 
-    _run.defvjp(_fwd, _bwd)
+        def transpose(res_leaves, ct_leaves):
+            primals, saved = jtu.tree_unflatten(res_def, res_leaves)
+            ct = jtu.tree_unflatten(out_def, ct_leaves)
+            return jtu.tree_leaves(bwd(primals, saved, ct, structs[1]))
+
+        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves)
+        return out, _float0_fill(jtu.tree_unflatten(out_def, out_t), structs[1])
+
     return _run(params, init, xs, buffers)
 
 
-def _run_residuals(loop: Loop, params, init, xs, buffers):
-    """Store the VJP residuals of every step: `jax.vjp` of a masked `lax.scan`.
+def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
+    """Snapshots of the state, replayed by the reverse sweep (states or binomial regimes)."""
+    c = plan.checkpoints
+    schedule = (online_schedule if plan.online else offline_schedule)(loop.steps, c)
 
-    Scans take `lax.scan` directly (see `checkpointed_scan`); this serves while loops, whose
-    primal still stops early.
+    def fwd(params, init, xs, buffers):
+        state, buffers, saved = forward(loop, params, init, xs, buffers, schedule)
+        return (state, buffers), saved
+
+    def bwd(primals, saved, ct, out_structs):
+        del out_structs
+        params, _, xs, _ = primals
+        ct_state, ct_buffers = ct
+        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c)
+
+    return fwd, bwd
+
+
+def _residuals(loop: Loop) -> tuple[Callable, Callable]:
+    """The VJP residuals of every step: `jax.vjp` of a masked `lax.scan` (while loops only).
+
+    Scans use `lax.scan` directly (see `checkpointed_scan`).
     """
-    del xs
 
-    @jax.custom_vjp
-    def _run(params, init, buffers):
-        state, buffers, _ = forward(loop, params, init, None, buffers, None)
-        return state, buffers
+    def fwd(params, init, xs, buffers):
+        del xs
+        return jax.vjp(lambda p, i, b: _masked_scan(loop, p, i, b), params, init, buffers)
 
-    def _fwd(params, init, buffers):
-        out, vjp_fn = jax.vjp(lambda *a: _scan(loop, *a[:2], None, a[2]), params, init, buffers)
-        return out, vjp_fn
+    def bwd(primals, vjp_fn, ct, out_structs):
+        del primals
+        ct_p, ct_i, ct_b = vjp_fn(_float0_fill(ct, out_structs))
+        return _inexact_part(ct_p), _inexact_part(ct_i), None, _inexact_part(ct_b)
 
-    def _bwd(vjp_fn, cts):
-        return vjp_fn(cts)
-
-    _run.defvjp(_fwd, _bwd)
-    return _run(params, init, buffers)
+    return fwd, bwd
 
 
-def _scan(loop: Loop, params, init, xs, buffers):
+def _masked_scan(loop: Loop, params, init, buffers):
     """`lax.scan` over all `max_steps`; past the stop, a cheap skip keyed on `any_lane`."""
-    del xs
 
     def body(carry, _):
         i, state, buffers, pred = carry
@@ -106,6 +129,6 @@ def _scan(loop: Loop, params, init, xs, buffers):
 
 
 def convert(fn, *example_args):
-    """Closure-convert `fn`: `(arrays, static)` so the arrays can cross the custom VJP."""
+    """Closure-convert `fn`: `(arrays, static)` so the arrays can cross the custom JVP."""
     converted = eqx.filter_closure_convert(fn, *example_args)
     return eqx.partition(converted, eqx.is_array)
