@@ -86,7 +86,7 @@ class ConstantStep(AbstractController):
 
     def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state):
         del t0, t1, y0, y_error, stepper
-        finite = _all_finite(y1)
+        finite = all_finite(y1)
         return Decision(
             accept=finite,
             next_dt=dt,
@@ -192,7 +192,7 @@ class PIDController(AbstractController):
             lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
         )
         error = _rms(y_error, scale).astype(t0.dtype)
-        finite = jnp.isfinite(error) & _all_finite(y1)
+        finite = jnp.isfinite(error) & all_finite(y1)
         accept = finite & (error <= 1)
         k = min(stepper.order, stepper.error_order) + 1
         b1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
@@ -233,5 +233,5 @@ def _rms(y: Y, scale: Y) -> Scalar:
     return jnp.sqrt(sum(squares) / size)
 
 
-def _all_finite(y: Y) -> BoolScalar:
+def all_finite(y: Y) -> BoolScalar:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))

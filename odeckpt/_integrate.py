@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._controllers import AbstractController
+from ._controllers import AbstractController, all_finite
 from ._progress import ProgressMeter
 from ._saveat import SaveAt
 from ._status import Status
@@ -28,6 +28,7 @@ def saves_per_step(stepper: AbstractStepper) -> int:
     """How many save times one step may interpolate. A stepper whose continuous extension is
     less accurate than its steps (e.g. Dopri8 with a cubic Hermite) lands on every save time."""
     return MAX_SAVES_PER_STEP if stepper.dense_degree >= stepper.order - 1 else 1
+
 
 Writes = tuple[tuple[Array, Y], ...]
 """One `(index, values)` pair per output buffer group; rows with an out-of-range index are
@@ -155,7 +156,7 @@ class Loop(eqx.Module):
             num_steps=_zero_count(),
             num_accepted=_zero_count(),
             num_rejected=_zero_count(),
-            status=Status.successful,
+            status=Status.where(all_finite(y0), Status.successful, Status.nonfinite_y0),
         )
         return state, 1 + evals
 

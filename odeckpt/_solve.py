@@ -87,6 +87,7 @@ def solve(
     controller = _controller(controller, stepper, dt0, rtol, atol)
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
+    validate.check_finite(y0)
     t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
     if t0_value is not None and t1_value is not None and t0_value != t1_value:
         validate.check_dt0(dt0, t0, t1)
@@ -99,7 +100,7 @@ def solve(
     )
     return _solve(
         f,
-        validate.check_finite(y0),
+        y0,
         t0,
         t1,
         ts,

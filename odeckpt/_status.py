@@ -21,6 +21,10 @@ class Status(eqx.Enumeration):
         "Fix: the problem is probably stiff (use an implicit solver) or singular near this time; "
         "lower `PIDController(dtmin=...)` or loosen the tolerances."
     )
+    nonfinite_y0 = (
+        "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
+        "computed."
+    )
     nonfinite = (
         "The state became non-finite (NaN or inf). Fix: check the vector field for divisions by "
         "zero or overflow near this time; with `ConstantStep`, reduce `dt0`; otherwise tighten "
