@@ -156,7 +156,7 @@ def markdown(meta, rows) -> str:
         )
         peer = next(q for q in same if q["method"] == peer_name)
         t = r["time_s"]
-        ratio = lambda q: f"{t / q['time_s']:.2f}" if t and q["time_s"] else "-"
+        ratio = lambda q, t=t: f"{t / q['time_s']:.2f}" if t and q["time_s"] else "-"
         lines.append(
             f"| {r['dim']} | {r['n']} | {r['method']} | {t if t is None else f'{t:.4f}'} | "
             f"{ratio(base)} | {ratio(peer) if r['method'].startswith('odeckpt') else '-'} | "

@@ -48,7 +48,7 @@ def _reference(theta, y0, buffers, max_steps):
         if not cond(v):
             break
         v, (idx, values) = body(v)
-        buffers = jax.tree.map(lambda b, x: b.at[idx].set(x, mode="drop"), buffers, values)
+        buffers = jax.tree.map(lambda b, x, i=idx: b.at[i].set(x, mode="drop"), buffers, values)
     return v, buffers
 
 
@@ -157,7 +157,10 @@ def test_memory_flat_in_max_steps():
         y = bounded_while_loop(lambda y: y[0] < 1e9, f, y0, max_steps=max_steps, checkpoints=8)
         return y.sum()
 
-    m = [_temp_bytes(jax.grad(lambda y: loss(y, s)), jnp.ones(1000)) for s in (10**3, 10**4, 10**5)]
+    m = [
+        _temp_bytes(jax.grad(lambda y, s=s: loss(y, s)), jnp.ones(1000))
+        for s in (10**3, 10**4, 10**5)
+    ]
     assert m[1] <= 1.1 * m[0] and m[2] <= 1.1 * m[0], m
 
 

@@ -136,8 +136,10 @@ def test_online_optimal_at_every_step_is_impossible_beyond_repetition_two():
     # p can only move to the newest position (n - 2 when deciding for stop n), never to an
     # older one: no chain of choices stays optimal through n = 7..10.
     for chain in itertools.product(*optimal.values()):
-        moves = list(zip((7, 8, 9, 10), chain))
-        assert any(p2 != p1 and p2 != n2 - 2 for (_, p1), (n2, p2) in zip(moves, moves[1:]))
+        moves = list(zip((7, 8, 9, 10), chain, strict=True))
+        assert any(
+            p2 != p1 and p2 != n2 - 2 for (_, p1), (n2, p2) in zip(moves, moves[1:], strict=False)
+        )
 
 
 def test_stumm_walther_worked_example_c3():

@@ -72,7 +72,7 @@ def gather_and_clear(ct_buffers, idx):
 
 
 def check_same_structure(what, expected, got, fix):
-    """Raise a `TypeError` naming `fix` if `got` differs from `expected` in structure/shape/dtype."""
+    """Raise a `TypeError` naming `fix` if `got` differs from `expected` (structure/shape/dtype)."""
     e_leaves, e_def = jtu.tree_flatten(expected)
     g_leaves, g_def = jtu.tree_flatten(got)
     if e_def != g_def:

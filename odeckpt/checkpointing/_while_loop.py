@@ -1,4 +1,4 @@
-"""`bounded_while_loop`: an early-exit while loop, reverse-differentiable by online checkpointing."""
+"""`bounded_while_loop`: an early-exit while loop, differentiable by online checkpointing."""
 
 from collections.abc import Callable
 from typing import Any
