@@ -1,0 +1,17 @@
+"""Explicit Runge-Kutta steppers (private; the public names live in `odeckpt`)."""
+
+from ._base import AbstractStepper as AbstractStepper, Step as Step
+from ._bosh3 import Bosh3 as Bosh3
+from ._classic import (
+    RK4 as RK4,
+    Euler as Euler,
+    Heun as Heun,
+    Midpoint as Midpoint,
+    Ralston as Ralston,
+)
+from ._dopri5 import Dopri5 as Dopri5
+from ._dopri8 import Dopri8 as Dopri8
+from ._explicit_rk import AbstractExplicitRK as AbstractExplicitRK
+from ._registry import STEPPERS as STEPPERS, stepper_from_name as stepper_from_name
+from ._tableau import ButcherTableau as ButcherTableau
+from ._tsit5 import Tsit5 as Tsit5
