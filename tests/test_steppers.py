@@ -290,7 +290,7 @@ def test_dense_endpoints_and_derivatives(name):
     assert jnp.array_equal(evaluate_dense(dense, 0.0), y0)
     np.testing.assert_allclose(evaluate_dense(dense, 1.0), step.y1, rtol=1e-15, atol=1e-15)
     # C^1 across steps: d/dtheta at 0 and 1 equals h f(t0, y0) and h f(t1, y1).
-    powers = jnp.arange(1, dense.shape[0])
+    powers = jnp.arange(1.0, dense.shape[0])
     derivative = lambda theta: jnp.tensordot(powers * theta ** (powers - 1.0), dense[1:], axes=1)
     h = t1 - t0
     np.testing.assert_allclose(derivative(0.0), h * vector_field(t0, y0, None), rtol=1e-14)
@@ -433,6 +433,6 @@ def test_complex_state(name, dtype):
             if part is not None:
                 assert part.dtype == dtype
     if dtype == jnp.complex128:
-        exact_y1 = [y0 * jnp.exp(rate * h) for h in hs]
+        exact_y1 = [y0 * jnp.exp(rate * float(h)) for h in hs]
         errors = [jnp.linalg.norm(s.y1 - y) for s, y in zip(steps, exact_y1, strict=True)]
         assert slope(hs, errors) == pytest.approx(stepper.order + 1, abs=0.3)
