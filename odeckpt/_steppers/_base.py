@@ -1,6 +1,7 @@
 """The interface between a stepper and the integration loop."""
 
 import abc
+
 import equinox as eqx
 
 from .._types import Args, Scalar, VectorField, Y
@@ -51,4 +52,3 @@ class AbstractStepper(eqx.Module):
     @abc.abstractmethod
     def step(self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: Y) -> Step:
         """Attempt one step from `(t0, y0)` to `t1`; `t1 < t0` integrates backwards."""
-
