@@ -247,3 +247,16 @@ def test_vmap_of_grad_and_jacfwd():
 
 def _counted_free(carry, x):
     return jnp.sin(carry) * x + 0.1 * carry, carry[0]
+
+
+def test_program_size_independent_of_n_and_c():
+    """One loop body with one step and one VJP: the traced program does not grow with n or c."""
+
+    def f(carry, _):
+        return jnp.sin(carry) * 1.01, carry[0]
+
+    def lines(n, c):
+        loss = lambda y0: checkpointed_scan(f, y0, length=n, checkpoints=c)[0].sum()
+        return str(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3))).count(" = ")  # equations
+
+    assert lines(100, 3) == lines(10_000, 3) == lines(10_000, 40)
