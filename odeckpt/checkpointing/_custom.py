@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from . import _tree
 from ._linear import linear_call
@@ -24,18 +25,33 @@ from .schedules import Plan, offline_schedule, online_schedule
 def _float0_fill(part, struct):
     """`part` (inexact leaves, `None` elsewhere) completed with float0/zero leaves of `struct`."""
 
-    def leaf(p, s):
-        if p is not None or s is None:
-            return p
-        if jnp.issubdtype(s.dtype, jnp.inexact):
-            return jnp.zeros(s.shape, s.dtype)
-        return np.zeros(s.shape, jax.dtypes.float0)
-
-    return jtu.tree_map(leaf, part, struct, is_leaf=lambda x: x is None)
+    return jtu.tree_map(lambda p, s: _zero(s) if p is None else p, part, struct, is_leaf=_none)
 
 
 def _inexact_part(tree):
     return _tree.split_inexact(tree)[0]
+
+
+def _none(x) -> bool:
+    return x is None
+
+
+def _leaves(tree) -> list:
+    """Leaves with `None` kept as a leaf, aligned with the leaves of the full structure."""
+    return jtu.tree_leaves(tree, is_leaf=_none)
+
+
+def _aligned(part, struct) -> list:
+    """`part`'s leaves (or `None`s) aligned with `_leaves(struct)`."""
+    return [None] * len(_leaves(struct)) if part is None else _leaves(part)
+
+
+def _zero(s):
+    if s is None:
+        return None
+    if jnp.issubdtype(s.dtype, jnp.inexact):
+        return jnp.zeros(s.shape, s.dtype)
+    return np.zeros(s.shape, jax.dtypes.float0)
 
 
 def run(loop: Loop, plan: Plan, params, init, xs, buffers):
@@ -50,27 +66,47 @@ def run(loop: Loop, plan: Plan, params, init, xs, buffers):
     def _run(params, init, xs, buffers):
         return primal(params, init, xs, buffers)
 
-    @_run.defjvp
     def _run_jvp(primals, tangents):
+        # Symbolic zeros: inputs nobody differentiates (a constant `xs`, closed-over constants)
+        # get no tangent, so the transpose builds no cotangent buffer for them.
+        is_zero = lambda t: isinstance(t, SymbolicZero)
+        tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)
         out, saved = fwd(*primals)
         structs = jax.eval_shape(lambda: (primals, out))
-        lin_leaves, lin_def = jtu.tree_flatten(_inexact_part(tangents))
+        selected = [
+            t is not None and _tree.is_inexact(p)
+            for t, p in zip(_leaves(tangents), _leaves(primals), strict=True)
+        ]
+        lin_leaves = [t for t, keep in zip(_leaves(tangents), selected, strict=True) if keep]
         res_leaves, res_def = jtu.tree_flatten((primals, saved))
         out_def = jtu.tree_structure(_inexact_part(out))
+        want = tuple(len(jtu.tree_leaves(_inexact_part(tangents[j]))) > 0 for j in (0, 2))
 
         def tangent(res_leaves, lin_leaves):
             primals, _ = jtu.tree_unflatten(res_def, res_leaves)
-            t = _float0_fill(jtu.tree_unflatten(lin_def, lin_leaves), structs[0])
+            it = iter(lin_leaves)
+            t = [next(it) if keep else None for keep in selected]
+            t = jtu.tree_unflatten(jtu.tree_structure(structs[0], is_leaf=_none), t)
+            t = _float0_fill(t, structs[0])
             return jtu.tree_leaves(_inexact_part(jax.jvp(primal, primals, t)[1]))
 
         def transpose(res_leaves, ct_leaves):
             primals, saved = jtu.tree_unflatten(res_def, res_leaves)
             ct = jtu.tree_unflatten(out_def, ct_leaves)
-            return jtu.tree_leaves(bwd(primals, saved, ct, structs[1]))
+            cts = bwd(primals, saved, ct, structs[1], want)
+            flat = [_aligned(c, p) for c, p in zip(cts, structs[0], strict=True)]
+            flat = [x for part in flat for x in part]
+            zeros = [_zero(p) for p in _leaves(structs[0])]
+            return [
+                z if c is None else c
+                for c, z, keep in zip(flat, zeros, selected, strict=True)
+                if keep
+            ]
 
         out_t = linear_call(tangent, transpose, res_leaves, lin_leaves)
         return out, _float0_fill(jtu.tree_unflatten(out_def, out_t), structs[1])
 
+    _run.defjvp(_run_jvp, symbolic_zeros=True)
     return _run(params, init, xs, buffers)
 
 
@@ -83,11 +119,11 @@ def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
         state, buffers, saved = forward(loop, params, init, xs, buffers, schedule)
         return (state, buffers), saved
 
-    def bwd(primals, saved, ct, out_structs):
+    def bwd(primals, saved, ct, out_structs, want):
         del out_structs
         params, _, xs, _ = primals
         ct_state, ct_buffers = ct
-        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c)
+        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c, want)
 
     return fwd, bwd
 
@@ -102,8 +138,8 @@ def _residuals(loop: Loop) -> tuple[Callable, Callable]:
         del xs
         return jax.vjp(lambda p, i, b: _masked_scan(loop, p, i, b), params, init, buffers)
 
-    def bwd(primals, vjp_fn, ct, out_structs):
-        del primals
+    def bwd(primals, vjp_fn, ct, out_structs, want):
+        del primals, want
         ct_p, ct_i, ct_b = vjp_fn(_float0_fill(ct, out_structs))
         return _inexact_part(ct_p), _inexact_part(ct_i), None, _inexact_part(ct_b)
 

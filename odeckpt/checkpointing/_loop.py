@@ -93,12 +93,18 @@ def _split(table, length, free):
     return jnp.minimum(row[r - 1], length - row_below[r - 1])
 
 
-def reverse(loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int):
+def reverse(
+    loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int,
+    want: tuple[bool, bool] = (True, True),
+):  # fmt: skip
     """Replay the schedule backwards from the snapshots; returns the input cotangents.
 
     Returns `(ct_params, ct_init, ct_xs, ct_buffers)` for the inexact leaves (`None`
-    elsewhere), `ct_buffers` being the cotangent of the initial buffer contents.
+    elsewhere), `ct_buffers` being the cotangent of the initial buffer contents. `want` says
+    whether the cotangents of `params` and `xs` are needed (else `None`: no `[n, ...]` buffer
+    for constant `xs`).
     """
+    want_params, want_xs = want
     n, held, snaps, pos = residuals
     c = checkpoints
     table = jnp.asarray(binomial_table(c, loop.steps), _INT)
@@ -107,8 +113,8 @@ def reverse(loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints
     stack = pos[perm]
     k = jnp.sum(pos >= 0).astype(_INT)
     params_f, params_rest = _tree.split_inexact(params)
-    ct_params = _tree.zeros_like(params_f)
-    ct_xs = None if xs is None else _tree.zeros_like(_tree.split_inexact(xs)[0])
+    ct_params = _tree.zeros_like(params_f) if want_params else None
+    ct_xs = None if xs is None or not want_xs else _tree.zeros_like(_tree.split_inexact(xs)[0])
     carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
 
     def vjp_step(cur, state, ct_state, ct_params, ct_xs, ct_buffers):
@@ -117,15 +123,19 @@ def reverse(loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints
         x_f, x_rest = _tree.split_inexact(x)
 
         def f(p_f, s_f, xx_f):
+            p_f = p_f if want_params else params_f
+            xx_f = xx_f if want_xs else x_f
             new, idx, values = loop.step(
                 _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur
             )
             return (_tree.split_inexact(new)[0], _tree.split_inexact(values)[0]), idx
 
-        _, vjp_fn, idx = jax.vjp(f, params_f, state_f, x_f, has_aux=True)
+        diff = (params_f if want_params else None, state_f, x_f if want_xs else None)
+        _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
         ct_values, ct_buffers = _tree.gather_and_clear(ct_buffers, idx)
         ct_p, ct_s, ct_x = vjp_fn((ct_state, ct_values))
-        ct_params = _tree.add(ct_params, ct_p)
+        if want_params:
+            ct_params = _tree.add(ct_params, ct_p)
         if ct_xs is not None:
             ct_xs = _tree.update(ct_xs, ct_x, cur)
         return ct_s, ct_params, ct_xs, ct_buffers
