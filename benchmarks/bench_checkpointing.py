@@ -7,6 +7,7 @@ after warm-up, always compared within the same process) and compiled temporary m
 
     python benchmarks/bench_checkpointing.py            # full run
     python benchmarks/bench_checkpointing.py --quick    # n = 1e3 only, fewer repeats
+    python benchmarks/bench_checkpointing.py --render   # rewrite the markdown from the JSON
 """
 
 import argparse
@@ -98,7 +99,14 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--checkpoints", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "checkpointing"))
+    parser.add_argument("--render", action="store_true")
     args = parser.parse_args()
+    if args.render:
+        with open(args.out + ".json") as f:
+            saved = json.load(f)
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(saved["meta"], saved["rows"]))
+        return
     sizes = [1000] if args.quick else [1000, 10000]
     rows = []
     for dim in (4, 2**16):
@@ -142,11 +150,11 @@ def markdown(meta, rows) -> str:
         f"{meta['jax']}, equinox {meta['equinox']}, commit `{meta['commit']}`. "
         f"Command: `{meta['command']}`. Gradient of `sum(y_n**2)`, float64, equal `c` = "
         f"{rows[0]['checkpoints']} for the checkpointed methods. Time: median wall seconds; "
-        "memory: compiled temporary bytes (MiB).",
+        "memory: compiled temporary KiB; ratios are time and memory over the peer.",
         "",
-        "| dim | n | method | time (s) | vs jax.grad(lax.scan) | vs equinox (same loop) "
-        "| temp MiB | compile (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dim | n | method | time (s) | time / jax.grad(lax.scan) | time / equinox "
+        "| temp KiB | memory / equinox | compile (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = [q for q in rows if q["dim"] == r["dim"] and q["n"] == r["n"]]
@@ -157,10 +165,12 @@ def markdown(meta, rows) -> str:
         peer = next(q for q in same if q["method"] == peer_name)
         t = r["time_s"]
         ratio = lambda q, t=t: f"{t / q['time_s']:.2f}" if t and q["time_s"] else "-"
+        ours = r["method"].startswith("odeckpt")
+        mem = f"{r['temp_bytes'] / peer['temp_bytes']:.2f}" if ours else "-"
         lines.append(
             f"| {r['dim']} | {r['n']} | {r['method']} | {t if t is None else f'{t:.4f}'} | "
-            f"{ratio(base)} | {ratio(peer) if r['method'].startswith('odeckpt') else '-'} | "
-            f"{r['temp_bytes'] / 2**20:.2f} | {r['compile_s']:.2f} |"
+            f"{ratio(base)} | {ratio(peer) if ours else '-'} | "
+            f"{r['temp_bytes'] / 2**10:.1f} | {mem} | {r['compile_s']:.2f} |"
         )
     plans = [r for r in rows if "plan" in r]
     lines += [
