@@ -58,6 +58,7 @@ def scan_plan(
     >>> p = scan_plan(lambda c, x: (c * x, c), jnp.ones(4), jnp.ones((1000, 4)))
     >>> p.regime
     'residuals'
+
     ```
     """
     n = _length(xs, length)
@@ -107,6 +108,7 @@ def checkpointed_scan(
     >>> ref = lambda x0: jax.lax.scan(f, x0, jnp.ones((100, 3)))[0].sum()
     >>> bool(jnp.allclose(jax.grad(loss)(jnp.ones(3)), jax.grad(ref)(jnp.ones(3))))
     True
+
     ```
 
     **References:** Griewank (1992), "Achieving logarithmic growth of temporal and spatial

@@ -20,6 +20,7 @@ def any_lane(pred: jax.Array) -> jax.Array:
     >>> import jax, jax.numpy as jnp
     >>> jax.vmap(lambda p: any_lane(p) & jnp.ones((), bool))(jnp.array([True, False])).shape
     (2,)
+
     ```
     """
     return pred

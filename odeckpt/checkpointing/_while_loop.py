@@ -138,13 +138,14 @@ def bounded_while_loop(
     **Example:**
 
     ```python
-    >>> import jax, jax.numpy as jnp
-    >>> def solve(y0):
-    ...     cond = lambda v: v[0] < 5.0
-    ...     body = lambda v: (v[0] + v[1], v[1] * 1.01)
-    ...     return bounded_while_loop(cond, body, (y0, 1.0), max_steps=100, checkpoints=3)[1]
-    >>> float(jax.grad(solve)(0.5))
-    0.0
+    >>> import jax
+    >>> def solve(rate):  # y <- (1 + rate) y until t = 10
+    ...     body = lambda v: (v[0] + rate * v[0], v[1] + 1.0)
+    ...     cond = lambda v: v[1] < 10.0
+    ...     return bounded_while_loop(cond, body, (1.0, 0.0), max_steps=100, checkpoints=3)[0]
+    >>> round(float(jax.grad(solve)(0.1)), 4)  # 10 * 1.1**9
+    23.5795
+
     ```
 
     **References:** Stumm & Walther (2010), "New algorithms for optimal online

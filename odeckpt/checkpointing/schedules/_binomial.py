@@ -26,6 +26,7 @@ def binomial(s: int, r: int) -> int:
     ```python
     >>> binomial(3, 2)
     10
+
     ```
     """
     if r < 0 or s < 0:
@@ -61,6 +62,7 @@ def optimal_cost(n: int, c: int) -> int:
     ```python
     >>> optimal_cost(10, 3), optimal_cost(10, 10), optimal_cost(10, 1)
     (15, 9, 45)
+
     ```
     """
     r = repetition_number(n, c)
@@ -112,6 +114,7 @@ def offline_schedule(n: int, c: int) -> Schedule:
     ```python
     >>> offline_schedule(10, 3).positions()
     (0, 4, 7)
+
     ```
     """
     _check(n, c)

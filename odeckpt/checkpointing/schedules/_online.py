@@ -44,6 +44,7 @@ def online_schedule(max_steps: int, c: int) -> Schedule:
     ```python
     >>> online_schedule(10, 3).positions()
     (0, 4, 7)
+
     ```
     """
     _check(max_steps, c)

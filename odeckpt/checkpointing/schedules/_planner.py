@@ -35,6 +35,7 @@ def parse_memory(budget: int | str) -> int:
     ```python
     >>> parse_memory("2GB"), parse_memory("512MiB"), parse_memory(4096)
     (2000000000, 536870912, 4096)
+
     ```
     """
     if isinstance(budget, bool):
@@ -117,6 +118,7 @@ def plan(
     ```python
     >>> print(plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB"))
     Plan(binomial: 10000 steps, 16 snapshots, 16 MiB, 44015 forward steps)
+
     ```
     """
     if steps < 1:

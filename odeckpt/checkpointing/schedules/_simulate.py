@@ -47,6 +47,7 @@ def simulate(schedule: Schedule, n: int, *, record: bool = False) -> Simulation:
     >>> sim = simulate(offline_schedule(10, 3), 10)
     >>> sim.forward_steps == optimal_cost(10, 3), sim.peak_snapshots
     (True, 3)
+
     ```
     """
     if not 1 <= n <= len(schedule):
