@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -94,8 +95,9 @@ def checkpointed_scan(
         4 snapshots: small states take the fast residual path, large ones stay bounded.
         `scan_plan` reports the choice.
 
-    **Returns:** `(carry, ys)`, differentiable in reverse mode (`jax.grad`, `jax.vjp`); forward
-    mode (`jax.jvp`) only in the residuals regime (see `docs/checkpointing.md`).
+    **Returns:** `(carry, ys)`, differentiable in reverse mode (`jax.grad`, `jax.vjp`: the
+    checkpointed reverse sweep) and in forward mode (`jax.jvp`: a forward-mode loop, no
+    storage), also under `vmap`.
 
     **Example:**
 
@@ -125,8 +127,6 @@ def checkpointed_scan(
     params, static = convert(f, init, x)
 
     def step(params, state, x, i):
-        import equinox as eqx
-
         state, y = eqx.combine(params, static)(state, x)
         return state, i[None], jtu.tree_map(lambda a: a[None], y)
 

@@ -129,7 +129,9 @@ def bounded_while_loop(
         never snapshotted, and differentiable (each slot's cotangent flows to the step that
         wrote it last; unwritten slots to the initial buffers).
 
-    **Returns:** the final `val`, or `(val, outputs)` with `outputs` given.
+    **Returns:** the final `val`, or `(val, outputs)` with `outputs` given. Differentiable in
+    reverse mode (online checkpointing, or stored residuals when they fit the budget) and in
+    forward mode (`jax.jvp`, a forward-mode loop).
 
     Under `vmap` with a batched predicate the loop runs in lockstep while any lane runs
     (`any_lane`); finished lanes keep their `val` and drop their writes; the step counter and
