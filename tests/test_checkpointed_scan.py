@@ -76,8 +76,31 @@ def test_every_c_for_n_8():
 
 @pytest.mark.slow
 def test_every_c_for_n_40():
+    """Every c gives the same numbers; they match lax.scan as closely as lax.scan's own variants.
+
+    Over 40 steps, float64 rounding (XLA fuses the recomputed step differently) reaches ~1e-12
+    relative: `lax.scan(..., unroll=40)` differs from `lax.scan` by as much. The tolerance is
+    1e-12, or twice that spread where it is larger.
+    """
+    init, xs, theta = _problem(40, 2, 0)
+    ref = _grads(jax.lax.scan, init, xs, theta)
+    unrolled = _grads(lambda f, i, x: jax.lax.scan(f, i, x, unroll=40), init, xs, theta)
+    spread = max(_rel_err(unrolled, ref), 0.5e-12)
+    first = None
     for c in range(1, 41):
-        _check(40, 2, c)
+        got = _grads(
+            lambda f, i, x, c=c: checkpointed_scan(f, i, x, checkpoints=c), init, xs, theta
+        )
+        assert _rel_err(got, ref) <= 2 * spread, c
+        first = got if first is None else first
+        assert _rel_err(got, first) <= 1e-15, c  # the schedule does not change the numerics
+
+
+def _rel_err(a, b):
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max(
+        float(jnp.max(jnp.abs(u - v))) / max(1.0, float(jnp.max(jnp.abs(v)))) for u, v in pairs
+    )
 
 
 def test_single_step():
