@@ -1,9 +1,11 @@
 """`bounded_while_loop` against an unrolled early-exit reference (float64, tolerance 1e-12)."""
 
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
 from odeckpt.checkpointing.schedules import online_schedule, simulate
@@ -209,3 +211,47 @@ def test_forward_mode_matches_reverse():
         loss = _loss(lambda *a, kw=kw: _ours(*a, 40, **kw))
         fwd = jax.jacfwd(loss, argnums=(0, 1))(*args)
         _assert_close(fwd, jax.grad(loss, argnums=(0, 1))(*args))
+
+
+def _random_case(stop, c, y0, theta):
+    def cond(v):
+        return v["t"] < stop
+
+    def body(v):
+        y, t = v["y"], v["t"]
+        y2 = y + 0.1 * jnp.stack([jnp.sin(theta * y[1]), -y[0] + 0.3 * y[1] ** 2])
+        return {"y": y2, "t": t + 0.1 + 0.01 * jnp.tanh(y2[0])}
+
+    init = {"y": jnp.stack([y0, 0.2]), "t": jnp.asarray(0.0)}
+
+    def ours(theta_y0):
+        v = bounded_while_loop(cond, body, {**init, "y": theta_y0}, max_steps=80, checkpoints=c)
+        return v["y"].sum() + v["t"]
+
+    def reference(theta_y0):
+        v = {**init, "y": theta_y0}
+        for _ in range(80):
+            if not cond(v):
+                break
+            v = body(v)
+        return v["y"].sum() + v["t"]
+
+    got = jax.jit(jax.value_and_grad(ours))(init["y"])
+    _assert_close(got, jax.value_and_grad(reference)(init["y"]))
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    stop=st.floats(0.05, 9.0), c=st.integers(1, 12), y0=st.floats(-1, 1), theta=st.floats(0.5, 2)
+)
+def test_random_stops_and_checkpoints(stop, c, y0, theta):
+    _random_case(stop, c, y0, theta)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None)
+@given(
+    stop=st.floats(0.05, 9.0), c=st.integers(1, 12), y0=st.floats(-1, 1), theta=st.floats(0.5, 2)
+)
+def test_random_stops_and_checkpoints_many(stop, c, y0, theta):
+    _random_case(stop, c, y0, theta)
