@@ -56,7 +56,10 @@ def where(pred, new, old):
 
 
 def write(buffers, idx, values):
-    """`buffer[idx[j]] = values[j]`; indices outside `[0, m)` are dropped."""
+    """`buffer[idx[j]] = values[j]`; indices outside `[0, m)` are dropped. With a tuple `idx`,
+    `buffers` and `values` are lists of groups, one index array each."""
+    if isinstance(idx, tuple):
+        return [write(*group) for group in zip(buffers, idx, values, strict=True)]
     return jtu.tree_map(
         lambda b, v: b.at[idx].set(v.astype(b.dtype), mode="drop", unique_indices=True),
         buffers,
@@ -65,7 +68,11 @@ def write(buffers, idx, values):
 
 
 def gather_and_clear(ct_buffers, idx):
-    """The cotangents at `idx` (zero outside `[0, m)`), and the buffers with those slots zeroed."""
+    """The cotangents at `idx` (zero outside `[0, m)`), and the buffers with those slots zeroed.
+    With a tuple `idx`, `ct_buffers` is a list of groups, one index array each."""
+    if isinstance(idx, tuple):
+        pairs = [gather_and_clear(*group) for group in zip(ct_buffers, idx, strict=True)]
+        return [got for got, _ in pairs], [cleared for _, cleared in pairs]
     got = jtu.tree_map(lambda b: b.at[idx].get(mode="fill", fill_value=0), ct_buffers)
     cleared = jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
     return got, cleared

@@ -16,7 +16,8 @@ from .schedules import Plan, plan
 _WRITE_FIX = (
     "with outputs=buffers, body_fun must return (val, (index, values)): index an int32 array "
     "of shape [k] (k >= 1), values a pytree like outputs whose leaves have shape "
-    "[k, *leaf.shape[1:]]"
+    "[k, *leaf.shape[1:]]; with outputs=[group, ...] (a list of buffer groups), it returns "
+    "(val, [(index, values), ...]) with one write per group"
 )
 
 
@@ -49,11 +50,22 @@ def _check_body(cond_fun, body_fun, init_val, outputs):
     if outputs is None:
         _tree.check_same_structure("body_fun", init_val, out, fix)
         return
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple)):
+    grouped = isinstance(outputs, list)
+    if not (
+        isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list if grouped else tuple)
+    ):
         raise TypeError(f"{_WRITE_FIX}; got {out}")
-    val, write = out
+    val, writes = out
     _tree.check_same_structure("body_fun", init_val, val, fix)
-    if len(write) != 2:
+    writes, groups = (writes, outputs) if grouped else ([writes], [outputs])
+    if len(writes) != len(groups):
+        raise TypeError(f"{_WRITE_FIX}; got {len(writes)} writes for {len(groups)} groups")
+    for write, group in zip(writes, groups, strict=True):
+        _check_write(write, group)
+
+
+def _check_write(write, outputs):
+    if not isinstance(write, tuple) or len(write) != 2:
         raise TypeError(f"{_WRITE_FIX}; got {write}")
     idx, values = write
     if jnp.ndim(idx) != 1 or not jnp.issubdtype(idx.dtype, jnp.integer) or idx.shape[0] < 1:
@@ -71,7 +83,11 @@ def _check_body(cond_fun, body_fun, init_val, outputs):
 def _loop(cond_fun, body_fun, init_val, outputs, max_steps):
     """The engine's normal form: a masked step (finished lanes keep `val`, drop writes)."""
     (cond_p, cond_s), (body_p, body_s) = convert(cond_fun, init_val), convert(body_fun, init_val)
-    m = None if outputs is None else _buffer_length(outputs)
+    grouped = isinstance(outputs, list)
+    if outputs is None:
+        lengths = None
+    else:
+        lengths = [_buffer_length(group) for group in (outputs if grouped else [outputs])]
 
     def cond(params, val):
         return eqx.combine(params[0], cond_s)(val)
@@ -83,8 +99,14 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps):
         if outputs is None:
             new, idx, values = out, jnp.zeros((1,), jnp.int32), None
         else:
-            new, (idx, values) = out
-            idx = jnp.where(active, jnp.asarray(idx, jnp.int32), m)
+            new, writes = out
+            idx, values = zip(*writes, strict=True) if grouped else ([writes[0]], [writes[1]])
+            idx = tuple(
+                jnp.where(active, jnp.asarray(i, jnp.int32), m)
+                for i, m in zip(idx, lengths, strict=True)
+            )
+            # one group: the buffers themselves; groups: a list of them
+            idx, values = (idx, list(values)) if grouped else (idx[0], values[0])
         return _tree.where(active, new, val), idx, values
 
     return Loop(step, cond, max_steps), (cond_p, body_p)
@@ -127,7 +149,10 @@ def bounded_while_loop(
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
         dropped, indices within one write must be distinct. Buffers are written once per step,
         never snapshotted, and differentiable (each slot's cotangent flows to the step that
-        wrote it last; unwritten slots to the initial buffers).
+        wrote it last; unwritten slots to the initial buffers). Buffers of different lengths
+        go in separate groups: `outputs=[group_1, group_2, ...]` (a Python list), each group a
+        pytree of buffers sharing one length, and `body_fun` returns
+        `(val, [(index_1, values_1), (index_2, values_2), ...])`.
 
     **Returns:** the final `val`, or `(val, outputs)` with `outputs` given. Differentiable in
     reverse mode (online checkpointing, or stored residuals when they fit the budget) and in
