@@ -232,7 +232,11 @@ class PIDController(AbstractController):
 def _rms(y: Y, scale: Y) -> Scalar:
     squares = jax.tree.leaves(jax.tree.map(lambda a, s: jnp.sum(jnp.abs(a / s) ** 2), y, scale))
     size = sum(leaf.size for leaf in jax.tree.leaves(y))
-    return jnp.sqrt(sum(squares) / size)
+    mean = sum(squares) / size
+    # sqrt has an infinite derivative at 0 (a zero error, or a masked zero-length step under
+    # vmap); keep it out of the gradient so that it cannot turn into NaN.
+    positive = mean > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, mean, 1)), 0)
 
 
 def all_finite(y: Y) -> BoolScalar:

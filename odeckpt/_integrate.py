@@ -133,7 +133,10 @@ class Loop(eqx.Module):
         index = state.save_index + jnp.arange(k)
         t_save = self.ts[jnp.minimum(index, num_ts - 1)]
         valid = accept & (index < num_ts) & (t_save <= t1)
-        theta = (t_save - state.t) / (t1 - state.t)
+        # A zero-length step (a lane that finished, stepped in lockstep under vmap) must not
+        # make 0/0, whose NaN would leak into gradients through the masking.
+        h = t1 - state.t
+        theta = (t_save - state.t) / jnp.where(h > 0, h, 1)
         values = jax.tree.map(
             lambda c, y: jnp.where(_rows(t_save == t1, y), y, _horner(c, theta)), dense, y1
         )

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _validate as validate
-from ._adjoint import AbstractAdjoint, ForwardMode
+from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._integrate import Loop, LoopState, vector_field_in_internal_time
 from ._progress import ProgressBar, ProgressMeter
@@ -16,7 +16,11 @@ from ._status import Status
 from ._steppers import AbstractStepper, Tsit5, stepper_from_name
 from ._types import Args, Scalar, VectorField, Y
 
-ADJOINTS: dict[str, type[AbstractAdjoint]] = {"forward": ForwardMode}
+ADJOINTS: dict[str, type[AbstractAdjoint]] = {
+    "recursive": RecursiveCheckpointAdjoint,
+    "direct": DirectAdjoint,
+    "forward": ForwardMode,
+}
 
 
 def solve(
@@ -26,7 +30,7 @@ def solve(
     args: Args = None,
     *,
     solver: AbstractStepper | str = Tsit5(),
-    adjoint: AbstractAdjoint | str = "forward",
+    adjoint: AbstractAdjoint | str = "recursive",
     rtol: float = 1e-6,
     atol: float = 1e-8,
     dt0: float | None = None,
