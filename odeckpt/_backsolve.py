@@ -115,10 +115,11 @@ class BacksolveAdjoint(AbstractAdjoint):
             )
 
     def run(self, loop, state, outputs):
-        self._backward_controller(loop.controller)  # configuration errors at trace time
+        self._backward_stepper(loop)  # configuration errors at trace time
         # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
         # boundary (and get gradients like `args`).
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
+        f = _TimeCast(f, state.t.dtype)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat))
         return _backsolve((loop, state, outputs), self)
 
@@ -148,6 +149,17 @@ class BacksolveAdjoint(AbstractAdjoint):
                 "`BacksolveAdjoint(solver=odeckpt.Tsit5())` or another adaptive stepper."
             )
         return stepper
+
+
+class _TimeCast(eqx.Module):
+    """A closure-converted `f`, called with times of the dtype it was converted at (explicit
+    steppers may hand it stage times promoted to float64 for a float32 state)."""
+
+    fn: eqx.Module
+    dtype: jnp.dtype = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        return self.fn(jnp.asarray(t, self.dtype), y, args)
 
 
 def _flags_only(saveat: SaveAt) -> SaveAt:
