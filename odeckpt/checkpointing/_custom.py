@@ -54,13 +54,16 @@ def _zero(s):
     return np.zeros(s.shape, jax.dtypes.float0)
 
 
-def run(loop: Loop, plan: Plan, params, init, xs, buffers):
-    """Run `loop` from `init`, returning `(state, buffers)`, differentiable as `plan` says."""
+def run(loop: Loop, plan: Plan | Callable[[], Plan], params, init, xs, buffers):
+    """Run `loop` from `init`, returning `(state, buffers)`, differentiable as `plan` says
+    (`plan` may be a function making it, called only when the loop is differentiated)."""
     primal = lambda *args: forward(loop, *args, None)[:2]
-    if plan.regime == "residuals":
-        fwd, bwd = _residuals(loop)
-    else:
-        fwd, bwd = _snapshots(loop, plan)
+
+    def fwd_bwd() -> tuple[Callable, Callable]:
+        the_plan = plan if isinstance(plan, Plan) else plan()
+        if the_plan.regime == "residuals":
+            return _residuals(loop)
+        return _snapshots(loop, the_plan)
 
     @jax.custom_jvp
     def _run(params, init, xs, buffers):
@@ -71,6 +74,7 @@ def run(loop: Loop, plan: Plan, params, init, xs, buffers):
         # get no tangent, so the transpose builds no cotangent buffer for them.
         is_zero = lambda t: isinstance(t, SymbolicZero)
         tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)
+        fwd, bwd = fwd_bwd()
         out, saved = fwd(*primals)
         structs = jax.eval_shape(lambda: (primals, out))
         selected = [

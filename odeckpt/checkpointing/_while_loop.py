@@ -121,11 +121,15 @@ def while_loop_plan(
     init_val = _tree.strong(init_val)
     _check_body(cond_fun, body_fun, init_val, outputs)
     loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
+    return _plan(loop, params, init_val, checkpoints, memory_budget)
+
+
+def _plan(loop, params, init_val, checkpoints, memory_budget) -> Plan:
     step = lambda p, v: loop.step(p, v, None, None)[0::2]
     residuals = jax.eval_shape(
         lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
     )
-    return plan(max_steps, _tree.nbytes(init_val), _tree.nbytes(residuals),
+    return plan(loop.steps, _tree.nbytes(init_val), _tree.nbytes(residuals),
                 checkpoints=checkpoints, memory_budget=memory_budget, online=True)  # fmt: skip
 
 
@@ -180,11 +184,14 @@ def bounded_while_loop(
     repetition dynamic checkpointing algorithm for unsteady adjoint calculation", SIAM J. Sci.
     Comput. 31(4).
     """
-    the_plan = while_loop_plan(
-        cond_fun, body_fun, init_val, max_steps=max_steps, checkpoints=checkpoints,
-        memory_budget=memory_budget, outputs=outputs,
-    )  # fmt: skip
+    max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
-    loop, params = _loop(cond_fun, body_fun, init_val, outputs, the_plan.steps)
+    _check_body(cond_fun, body_fun, init_val, outputs)
+    # Checks `checkpoints`/`memory_budget` now; the real plan (which traces the step's VJP to
+    # size its residuals) is only made if the loop is differentiated.
+    plan(max_steps, _tree.nbytes(init_val), None, checkpoints=checkpoints,
+         memory_budget=memory_budget, online=True)  # fmt: skip
+    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
+    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
