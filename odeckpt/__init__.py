@@ -17,7 +17,10 @@ _EXPORTS = {
     "Status": "._status",
     "SaveAt": "._saveat",
     "AbstractAdjoint": "._adjoint",
+    "BacksolveAdjoint": "._backsolve",
+    "DirectAdjoint": "._adjoint",
     "ForwardMode": "._adjoint",
+    "RecursiveCheckpointAdjoint": "._adjoint",
     "AbstractController": "._controllers",
     "ConstantStep": "._controllers",
     "PIDController": "._controllers",
@@ -38,7 +41,13 @@ __getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from . import checkpointing as checkpointing
-    from ._adjoint import AbstractAdjoint as AbstractAdjoint, ForwardMode as ForwardMode
+    from ._adjoint import (
+        AbstractAdjoint as AbstractAdjoint,
+        DirectAdjoint as DirectAdjoint,
+        ForwardMode as ForwardMode,
+        RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
+    )
+    from ._backsolve import BacksolveAdjoint as BacksolveAdjoint
     from ._controllers import (
         AbstractController as AbstractController,
         ConstantStep as ConstantStep,

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _validate as validate
 from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
+from ._backsolve import BacksolveAdjoint
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._integrate import Loop, LoopState, vector_field_in_internal_time
 from ._progress import ProgressBar, ProgressMeter
@@ -18,6 +19,7 @@ from ._types import Args, Scalar, VectorField, Y
 
 ADJOINTS: dict[str, type[AbstractAdjoint]] = {
     "recursive": RecursiveCheckpointAdjoint,
+    "backsolve": BacksolveAdjoint,
     "direct": DirectAdjoint,
     "forward": ForwardMode,
 }
