@@ -326,3 +326,54 @@ def test_constant_steps_and_forward_values():
         lambda y0: jnp.sum(odeckpt.solve(oscillator, y0, (0.0, 2.0), ARGS, **kwargs).ys ** 2)
     )
     np.testing.assert_allclose(jax.grad(loss)(Y0), central_difference(forward, Y0), rtol=1e-6)
+
+
+def test_seminorm_leaves_the_parameter_integral_out_of_the_error():
+    """The wrapped stepper's error estimate is zero on `g`, and its root mean square over all
+    components equals the one over `(y, a)` alone."""
+    from odeckpt._backsolve import _Seminorm
+
+    def augmented(s, z, args):
+        y, a, g = z
+        return -y, 2.0 * a, jnp.full_like(g, jnp.sum(a * y) * s)
+
+    z = (jnp.array([1.0, 2.0]), jnp.array([0.5, -1.0]), jnp.ones(6))
+    stepper = odeckpt.Tsit5()
+    plain = stepper.step(augmented, 0.0, 0.3, z, None, augmented(0.0, z, None))
+    semi = _Seminorm(stepper).step(augmented, 0.0, 0.3, z, None, augmented(0.0, z, None))
+    np.testing.assert_array_equal(semi.y1[0], plain.y1[0])
+    np.testing.assert_array_equal(semi.y_error[2], 0.0)
+    state_error = jnp.concatenate(plain.y_error[:2])
+    all_error = jnp.concatenate(jax.tree.leaves(semi.y_error))
+    np.testing.assert_allclose(jnp.mean(all_error**2), jnp.mean(state_error**2), rtol=1e-14)
+
+
+def test_jvp_is_rejected():
+    def solve(y0):
+        return odeckpt.solve(oscillator, y0, (0.0, 1.0), ARGS, adjoint=BacksolveAdjoint()).ys
+
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(solve, (Y0,), (Y0,))
+
+
+def test_memory_is_flat_in_the_number_of_steps():
+    """Compiled temporary memory of the gradient does not grow with the number of steps."""
+
+    def temp_bytes(num_steps, checkpoints):
+        def loss(y0):
+            sol = odeckpt.solve(
+                lambda t, y, args: -y + jnp.sin(t),
+                y0,
+                (0.0, 1.0),
+                solver="rk4",
+                dt0=1.0 / num_steps,
+                max_steps=num_steps + 1,
+                adjoint=BacksolveAdjoint(checkpoints=checkpoints),
+            )
+            return jnp.sum(sol.ys**2)
+
+        compiled = jax.jit(jax.grad(loss)).lower(jnp.ones(1024)).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    for checkpoints in (None, 4):
+        assert temp_bytes(4000, checkpoints) == temp_bytes(500, checkpoints)
