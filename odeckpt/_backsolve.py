@@ -50,7 +50,9 @@ class BacksolveAdjoint(AbstractAdjoint):
 
     Not differentiated: the cached `f(t0, y0)` of the stepper state, the step-size and
     controller state, counters and status; the times of the saved steps (`SaveAt(steps=True)`)
-    and of the dense output are held fixed (only the states there are differentiated).
+    and of the dense output are held fixed (only the states there are differentiated, unlike
+    the discrete adjoints, which also differentiate the step-size controller's choice of them).
+    Each stretch of the backward solve between two stops may take up to `max_steps` steps.
     Reverse mode only: for `jax.jvp`/`jax.jacfwd` use `ForwardMode` (or `DirectAdjoint`).
 
     **Arguments:**
@@ -262,13 +264,9 @@ class _Seminorm(AbstractStepper):
         if size_g == 0:
             return step
         scale = ((size_state + size_g) / size_state) ** 0.5
-        y_error = (
-            jax.tree.map(lambda e: e * scale, (error_y, error_a)),
-            jax.tree.map(jnp.zeros_like, error_g),
-        )
-        return Step(
-            y1=step.y1, y_error=(*y_error[0], y_error[1]), dense=step.dense, state=step.state
-        )
+        error_y, error_a = jax.tree.map(lambda e: e * scale, (error_y, error_a))
+        y_error = (error_y, error_a, jax.tree.map(jnp.zeros_like, error_g))
+        return Step(y1=step.y1, y_error=y_error, dense=step.dense, state=step.state)
 
 
 def _size(tree) -> int:
@@ -325,7 +323,9 @@ class _Problem(eqx.Module):
 
 
 class _Group(eqx.Module):
-    """Events of one kind: times, which are real, the jumps in `a` and `g`, the anchors."""
+    """Events of one kind (rows of a saved-output group, or checkpoints): their times, which
+    rows are real, the jumps in `a` (cotangents of the saved states) and the stored states that
+    re-anchor `y`."""
 
     times: jax.Array
     valid: jax.Array
@@ -333,7 +333,7 @@ class _Group(eqx.Module):
     anchor: Y | None
 
 
-def _event_groups(loop, state, final, outputs, store, ct_outputs) -> list[_Group]:
+def _event_groups(loop, final, outputs, store, ct_outputs) -> list[_Group]:
     groups = []
     outputs, ct_outputs = list(outputs), list(ct_outputs)
     num_rows = jnp.arange(loop.max_steps)
@@ -484,7 +484,7 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, adjoint: BacksolveAdjoint):
     problem = _Problem(nondiff)
     ct_final = jax.tree.map(lambda _: None, final) if ct_final is None else ct_final
     ct_y1 = _zeros_for_none(ct_final.y, final.y)
-    groups = _event_groups(loop, state, final, outputs, store, ct_outputs)
+    groups = _event_groups(loop, final, outputs, store, ct_outputs)
     dense = _dense_group(loop, state, final, outputs, ct_outputs)
     z = (final.y, ct_y1, jax.tree.map(jnp.zeros_like, diff))
     (_, a, g), ok, _ = _solve_backwards(
