@@ -166,7 +166,8 @@ class PIDController(AbstractController):
         inverse_errors = (jnp.ones_like(t0), jnp.ones_like(t0))
         if dt0 is not None:
             return self._clip(jnp.asarray(dt0, t0.dtype)), inverse_errors, 0
-        return self._clip(self._initial_dt(f, t0, y0, f0, args, stepper)), inverse_errors, 1
+        dt = jax.lax.stop_gradient(self._initial_dt(f, t0, y0, f0, args, stepper))
+        return self._clip(dt), inverse_errors, 1
 
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
@@ -191,7 +192,10 @@ class PIDController(AbstractController):
         scale = jax.tree.map(
             lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
         )
-        error = _rms(y_error, scale).astype(t0.dtype)
+        # Step sizes are not differentiated (as in diffrax): the solution's derivative is that of
+        # the steps taken, the same for every adjoint, and free of the controller's
+        # ill-conditioned feedback.
+        error = jax.lax.stop_gradient(_rms(y_error, scale).astype(t0.dtype))
         # A non-finite stage makes both y1 and its error estimate non-finite, so the error norm
         # alone detects a non-finite step (y0 is finite).
         finite = jnp.isfinite(error)
@@ -211,7 +215,8 @@ class PIDController(AbstractController):
         factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
         next_dt = factor * (t1 - t0)
         # An accepted step shortened to hit a save time says nothing against the longer proposal.
-        next_dt = self._clip(jnp.where(accept & (t1 - t0 < dt), jnp.maximum(next_dt, dt), next_dt))
+        next_dt = jnp.where(accept & (t1 - t0 < dt), jnp.maximum(next_dt, dt), next_dt)
+        next_dt = jax.lax.stop_gradient(self._clip(next_dt))
         tiny = 10 * jnp.finfo(t0.dtype).eps * jnp.maximum(jnp.abs(t1), jnp.abs(t0))
         dtmin = tiny if self.dtmin is None else jnp.maximum(self.dtmin, tiny)
         state = jax.tree.map(

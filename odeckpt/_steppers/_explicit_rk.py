@@ -42,7 +42,7 @@ def _stage_time(t0: Scalar, t1: Scalar, h: Scalar, c: float) -> Scalar:
         return t0
     if c == 1:
         return t1
-    return t0 + c * h
+    return t0 + float(c) * h  # a Python float keeps a float32 time float32
 
 
 class AbstractExplicitRK(AbstractStepper):

@@ -1,0 +1,170 @@
+"""Reverse- and forward-mode derivatives of `solve` through each adjoint."""
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odeckpt
+from odeckpt._steppers import STEPPERS
+
+ADAPTIVE = sorted(name for name, cls in STEPPERS.items() if cls.error_order is not None)
+
+
+# Each case compiles two or three gradients (several seconds each): the default run keeps a
+# representative few, `pytest -m slow` runs every stepper.
+def steppers(names, fast):
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+def vector_field(t, y, args):
+    a, b = args
+    return jnp.stack([a * y[0] - b * y[0] * y[1] + 0.1 * jnp.sin(t), b * y[0] * y[1] - y[1]])
+
+
+Y0 = jnp.array([1.5, 0.8])
+ARGS = (jnp.asarray(1.1), jnp.asarray(0.6))
+TS = jnp.linspace(0.0, 3.0, 100)
+
+
+def loss(y0, args, adjoint, solver="tsit5", constant=False, t1=3.0, **kwargs):
+    step = dict(controller=odeckpt.ConstantStep(), dt0=0.05) if constant else {}
+    sol = odeckpt.solve(
+        vector_field,
+        y0,
+        (0.0, t1),
+        args,
+        solver=solver,
+        adjoint=adjoint,
+        rtol=1e-7,
+        atol=1e-7,
+        saveat=odeckpt.SaveAt(ts=TS * t1 / 3.0, t1=True),
+        max_steps=4000,
+        **step,
+        **kwargs,
+    )
+    return jnp.sum(sol.ys**2 * jnp.arange(1, sol.ys.shape[0] + 1)[:, None])
+
+
+def grads(adjoint, **kwargs):
+    return jax.jit(
+        jax.grad(loss, argnums=(0, 1)), static_argnums=(2,), static_argnames=("solver", "constant")
+    )(Y0, ARGS, adjoint, **kwargs)
+
+
+def assert_close(a, b, rtol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * np.max(np.abs(y)))
+
+
+@pytest.mark.parametrize("solver", steppers(sorted(STEPPERS), fast={"rk4"}))
+def test_recursive_equals_direct_constant_steps(solver):
+    direct = grads(odeckpt.DirectAdjoint(), solver=solver, constant=True)
+    for c in (2, 7):
+        recursive = grads(
+            odeckpt.RecursiveCheckpointAdjoint(checkpoints=c), solver=solver, constant=True
+        )
+        assert_close(recursive, direct, 1e-10)
+
+
+@pytest.mark.parametrize("solver", steppers(ADAPTIVE, fast={"tsit5"}))
+def test_recursive_equals_direct_adaptive(solver):
+    direct = grads(odeckpt.DirectAdjoint(), solver=solver)
+    for adjoint in (
+        odeckpt.RecursiveCheckpointAdjoint(checkpoints=3),
+        odeckpt.RecursiveCheckpointAdjoint(),
+    ):
+        assert_close(grads(adjoint, solver=solver), direct, 1e-10)
+
+
+def central_difference(fn, x, eps):
+    flat, unravel = jax.flatten_util.ravel_pytree(x)
+    out = []
+    for i in range(flat.size):
+        e = jnp.zeros_like(flat).at[i].set(eps)
+        out.append((fn(unravel(flat + e)) - fn(unravel(flat - e))) / (2 * eps))
+    return unravel(jnp.stack(out))
+
+
+@pytest.mark.parametrize("adjoint", ["direct", "recursive"])
+def test_constant_steps_match_finite_differences(adjoint):
+    g_y0, g_args = grads(adjoint, solver="rk4", constant=True)
+    forward = lambda y0, args: loss(y0, args, "forward", solver="rk4", constant=True)
+    assert_close(g_y0, central_difference(lambda y: forward(y, ARGS), Y0, 1e-6), 1e-7)
+    assert_close(g_args, central_difference(lambda a: forward(Y0, a), ARGS, 1e-6), 1e-7)
+
+
+def test_adaptive_matches_finite_differences():
+    """The adaptive solve is piecewise smooth in its inputs (step counts are integers), so the
+    difference quotient uses a wide step and a loose tolerance."""
+    g_y0, _ = grads("recursive", solver="dopri5")
+    fd = central_difference(lambda y: loss(y, ARGS, "forward", solver="dopri5"), Y0, 1e-3)
+    assert_close(g_y0, fd, 1e-4)
+
+
+def test_jacfwd_equals_jacrev():
+    fn = lambda y0, adjoint: (
+        odeckpt.solve(
+            vector_field,
+            y0,
+            (0.0, 3.0),
+            ARGS,
+            adjoint=adjoint,
+            saveat=TS[::10],
+            rtol=1e-8,
+            atol=1e-8,
+        ).ys
+    )
+    reverse = jax.jacrev(fn)(Y0, "direct")
+    for adjoint in ("forward", "direct", "recursive"):
+        assert_close(jax.jacfwd(fn)(Y0, adjoint), reverse, 1e-10)
+
+
+def test_gradient_with_respect_to_t1():
+    def final(t1):
+        return odeckpt.solve(vector_field, Y0, (0.0, t1), ARGS, rtol=1e-10, atol=1e-10).ys[-1]
+
+    cotangent = jnp.array([0.3, -1.2])
+    g = jax.grad(lambda t1: jnp.dot(final(t1), cotangent))(3.0)
+    expected = jnp.dot(vector_field(3.0, final(3.0), ARGS), cotangent)
+    np.testing.assert_allclose(g, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("constant, rtol", [(True, 1e-12), (False, 1e-6)])
+def test_vmap_of_grad_equals_per_example(constant, rtol):
+    """Lanes step in lockstep; with adaptive steps, batched rounding may flip an accept/reject
+    decision near the threshold, so lanes agree to the solve's tolerance, not to rounding."""
+    y0s = jnp.array([[1.5, 0.8], [0.5, 2.0], [3.0, 0.1]])
+    t1s = jnp.array([1.0, 2.0, 3.0])
+    g = jax.grad(lambda y0, t1: loss(y0, ARGS, "recursive", t1=t1, constant=constant))
+    batched = jax.jit(jax.vmap(g))(y0s, t1s)
+    for i, (y0, t1) in enumerate(zip(y0s, t1s, strict=True)):
+        assert_close(batched[i], jax.jit(g)(y0, t1), rtol)
+    assert np.all(np.isfinite(batched))
+
+
+def test_float32_gradients():
+    y0 = Y0.astype(jnp.float32)
+    args = jax.tree.map(lambda a: a.astype(jnp.float32), ARGS)
+    g32 = jax.grad(loss)(y0, args, "recursive")
+    assert g32.dtype == jnp.float32
+    assert_close(g32, grads("recursive")[0], 1e-3)
+
+
+def test_forward_mode_rejects_reverse_mode_by_name():
+    with pytest.raises(TypeError, match="RecursiveCheckpointAdjoint"):
+        jax.grad(loss)(Y0, ARGS, "forward")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(checkpoints=0), "int >= 1"),
+        (dict(checkpoints=2, memory_budget="1GB"), "not both"),
+        (dict(memory_budget="lots"), "memory"),
+    ],
+)
+def test_bad_adjoint_configuration(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        odeckpt.RecursiveCheckpointAdjoint(**kwargs)
