@@ -27,16 +27,18 @@ class AbstractAdjoint(eqx.Module):
         taken; return the final state and the filled output buffers."""
 
 
-def _checkpointed(loop: Loop, state: LoopState, outputs: tuple[Y, ...], **plan):
+def _checkpointed(
+    loop: Loop, state: LoopState, outputs: tuple[Y, ...], max_steps: int, **plan
+) -> tuple[LoopState, tuple[Y, ...]]:
     """`loop` run by the checkpointing engine's `bounded_while_loop` with the given plan."""
     if not outputs:
         body = lambda s: loop.body(s)[0]
-        final = bounded_while_loop(loop.cond, body, state, max_steps=loop.max_steps, **plan)
+        final = bounded_while_loop(loop.cond, body, state, max_steps=max_steps, **plan)
         return final, outputs
     # Output groups have different lengths: the engine takes them as a list of groups.
     body = lambda s: (lambda new, writes: (new, list(writes)))(*loop.body(s))
     final, outputs = bounded_while_loop(
-        loop.cond, body, state, max_steps=loop.max_steps, outputs=list(outputs), **plan
+        loop.cond, body, state, max_steps=max_steps, outputs=list(outputs), **plan
     )
     return final, tuple(outputs)
 
@@ -90,9 +92,13 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
             parse_memory(self.memory_budget)
 
     def run(self, loop, state, outputs):
-        return _checkpointed(
-            loop, state, outputs, checkpoints=self.checkpoints, memory_budget=self.memory_budget
-        )
+        plan = dict(checkpoints=self.checkpoints, memory_budget=self.memory_budget)
+        if loop.num_steps is not None:
+            # Constant steps over a known span: the offline optimal schedule (one spare step
+            # guards against the count being off by rounding; a finished loop skips it).
+            max_steps = min(loop.num_steps + 1, loop.max_steps)
+            return _checkpointed(loop, state, outputs, max_steps, online=False, **plan)
+        return _checkpointed(loop, state, outputs, loop.max_steps, **plan)
 
 
 class DirectAdjoint(AbstractAdjoint):
@@ -103,7 +109,7 @@ class DirectAdjoint(AbstractAdjoint):
     """
 
     def run(self, loop, state, outputs):
-        return _checkpointed(loop, state, outputs, memory_budget=_UNBOUNDED)
+        return _checkpointed(loop, state, outputs, loop.max_steps, memory_budget=_UNBOUNDED)
 
 
 class ForwardMode(AbstractAdjoint):

@@ -11,6 +11,7 @@ forwards: `f` is wrapped accordingly and step sizes are positive.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._controllers import AbstractController, all_finite
@@ -62,6 +63,9 @@ class Loop(eqx.Module):
     saveat: SaveAt
     max_steps: int = eqx.field(static=True)
     progress: ProgressMeter | None
+    num_steps: int | None = eqx.field(static=True)
+    """The number of steps, when known before the solve (constant steps over a concrete span):
+    lets a checkpointing adjoint use the offline optimal schedule."""
 
     def cond(self, state: LoopState) -> Array:
         return (state.t < self.t_end) & (state.status == Status.successful)
@@ -223,6 +227,31 @@ def apply_writes(outputs: tuple[Y, ...], writes: Writes) -> tuple[Y, ...]:
         scatter(group, index, values)
         for group, (index, values) in zip(outputs, writes, strict=True)
     )
+
+
+def constant_step_count(
+    t0: float, t1: float, dt0: float, ts: np.ndarray | None, per_step: int, dtype, max_steps: int
+) -> int | None:
+    """The steps a constant-step solve from `t0` to `t1` takes, replaying the arithmetic of
+    `Loop._stop` and `Loop._step_end` in `dtype`; `None` past `max_steps`."""
+    direction = 1 if t1 >= t0 else -1
+    tau, end, dt = (np.asarray(x, dtype) for x in (direction * t0, direction * t1, abs(dt0)))
+    saves = None if ts is None else np.asarray(direction * np.asarray(ts), dtype)
+    eps, save_index = np.finfo(dtype).eps, 0
+    for count in range(max_steps + 1):
+        if not tau < end:
+            return count
+        stop = end
+        if saves is not None and saves.shape[0] > per_step:
+            last = save_index + per_step - 1
+            if last < saves.shape[0]:
+                stop = min(saves[last], end)
+        step_end = tau + dt
+        slack = 100 * eps * max(abs(stop), abs(tau))
+        tau = stop if step_end >= stop - slack else step_end
+        if saves is not None:
+            save_index += int(np.sum(saves[save_index : save_index + per_step] <= tau))
+    return None
 
 
 def vector_field_in_internal_time(f: VectorField, direction: Scalar | float) -> VectorField:

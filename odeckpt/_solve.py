@@ -9,7 +9,13 @@ from . import _validate as validate
 from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
 from ._backsolve import BacksolveAdjoint
 from ._controllers import AbstractController, ConstantStep, PIDController
-from ._integrate import Loop, LoopState, vector_field_in_internal_time
+from ._integrate import (
+    Loop,
+    LoopState,
+    constant_step_count,
+    saves_per_step,
+    vector_field_in_internal_time,
+)
 from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
 from ._solution import DenseOutput, Solution, Stats
@@ -104,6 +110,14 @@ def solve(
     direction = (
         None if t0_value is None or t1_value is None else (1.0 if t1_value >= t0_value else -1.0)
     )
+    num_steps = None
+    dt_value, ts_value = validate.concrete(dt0), None if ts is None else validate.concrete(ts)
+    known = direction is not None and dt_value is not None and (ts is None or ts_value is not None)
+    if isinstance(controller, ConstantStep) and known:
+        per_step = saves_per_step(stepper)
+        num_steps = constant_step_count(
+            t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps
+        )
     return _solve(
         f,
         y0,
@@ -120,6 +134,7 @@ def solve(
         throw,
         progress,
         direction,
+        num_steps,
     )
 
 
@@ -140,6 +155,7 @@ def _solve(
     throw,
     progress,
     direction,
+    num_steps,
 ):
     if direction is None:
         direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
@@ -154,6 +170,7 @@ def _solve(
         saveat=saveat,
         max_steps=max_steps,
         progress=ProgressMeter(tau0, tau_end, ProgressBar()) if progress else None,
+        num_steps=num_steps,
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     state, init_evals = loop.init_state(tau0, y0, dt)

@@ -282,3 +282,34 @@ def test_status_nonfinite_and_underflow():
         throw=False,
     )
     assert sol.status == odeckpt.Status.dt_underflow
+
+
+def test_constant_step_count_is_predicted_exactly():
+    """`constant_step_count` (which lets checkpointing use the offline schedule) replays the
+    loop's arithmetic: it must match the steps taken, in both dtypes, directions, with save
+    times forcing extra steps."""
+    from odeckpt._integrate import constant_step_count, saves_per_step
+
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        t0 = float(rng.uniform(-5, 5))
+        t1 = t0 + float(rng.choice([-1, 1]) * rng.uniform(0.01, 10))
+        dt = abs(t1 - t0) / float(rng.choice([1, 3, 7, 10, 33, 0.7 * rng.integers(1, 50)]))
+        ts = np.sort(rng.uniform(min(t0, t1), max(t0, t1), int(rng.integers(1, 80))))
+        ts = None if rng.random() < 0.4 else (ts if t1 > t0 else ts[::-1])
+        dtype = rng.choice([np.float32, np.float64])
+        solver = str(rng.choice(["rk4", "dopri8"]))
+        sol = odeckpt.solve(
+            lambda t, y, a: -y,
+            jnp.ones(1, dtype),
+            (t0, t1),
+            solver=solver,
+            controller=odeckpt.ConstantStep(),
+            dt0=dt * np.sign(t1 - t0),
+            saveat=ts,
+            adjoint="forward",
+            max_steps=10_000,
+        )
+        per_step = saves_per_step(stepper_from_name(solver))
+        predicted = constant_step_count(t0, t1, dt, ts, per_step, np.dtype(dtype), 10_000)
+        assert predicted == int(sol.stats.num_steps)

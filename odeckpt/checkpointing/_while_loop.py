@@ -115,27 +115,29 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps):
 def while_loop_plan(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
+    online: bool = True,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `bounded_while_loop` with the same arguments follows."""
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
     _check_body(cond_fun, body_fun, init_val, outputs)
     loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
-    return _plan(loop, params, init_val, checkpoints, memory_budget)
+    return _plan(loop, params, init_val, checkpoints, memory_budget, online)
 
 
-def _plan(loop, params, init_val, checkpoints, memory_budget) -> Plan:
+def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
     step = lambda p, v: loop.step(p, v, None, None)[0::2]
     residuals = jax.eval_shape(
         lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
     )
     return plan(loop.steps, _tree.nbytes(init_val), _tree.nbytes(residuals),
-                checkpoints=checkpoints, memory_budget=memory_budget, online=True)  # fmt: skip
+                checkpoints=checkpoints, memory_budget=memory_budget, online=online)  # fmt: skip
 
 
 def bounded_while_loop(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
+    online: bool = True,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -148,6 +150,9 @@ def bounded_while_loop(
     - `max_steps`: static bound `>= 1`.
     - `checkpoints`, `memory_budget`: as `checkpointed_scan`; the schedule is online (the
         number of steps is only known when the loop stops).
+    - `online`: `False` when the loop is known to run (about) `max_steps` steps, e.g. a
+        fixed-step solve whose step count is computed in advance: then the offline Revolve
+        schedule for `max_steps` steps is used, which is optimal when the loop runs them all.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -190,8 +195,8 @@ def bounded_while_loop(
     # Checks `checkpoints`/`memory_budget` now; the real plan (which traces the step's VJP to
     # size its residuals) is only made if the loop is differentiated.
     plan(max_steps, _tree.nbytes(init_val), None, checkpoints=checkpoints,
-         memory_budget=memory_budget, online=True)  # fmt: skip
+         memory_budget=memory_budget, online=online)  # fmt: skip
     loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
-    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget)
+    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
