@@ -50,8 +50,8 @@ class BacksolveAdjoint(AbstractAdjoint):
 
     Not differentiated: the cached `f(t0, y0)` of the stepper state, the step-size and
     controller state, counters and status; the times of the saved steps (`SaveAt(steps=True)`)
-    and of the dense output are held fixed (only the states there are differentiated, unlike
-    the discrete adjoints, which also differentiate the step-size controller's choice of them).
+    and of the dense output are held fixed (only the states there are differentiated), as in
+    the discrete adjoints, which do not differentiate the step-size controller either.
     Each stretch of the backward solve between two stops may take up to `max_steps` steps.
     Reverse mode only: for `jax.jvp`/`jax.jacfwd` use `ForwardMode` (or `DirectAdjoint`).
 
@@ -121,7 +121,6 @@ class BacksolveAdjoint(AbstractAdjoint):
         # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
         # boundary (and get gradients like `args`).
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        f = _TimeCast(f, state.t.dtype)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat))
         return _backsolve((loop, state, outputs), self)
 
@@ -151,17 +150,6 @@ class BacksolveAdjoint(AbstractAdjoint):
                 "`BacksolveAdjoint(solver=odeckpt.Tsit5())` or another adaptive stepper."
             )
         return stepper
-
-
-class _TimeCast(eqx.Module):
-    """A closure-converted `f`, called with times of the dtype it was converted at (explicit
-    steppers may hand it stage times promoted to float64 for a float32 state)."""
-
-    fn: eqx.Module
-    dtype: jnp.dtype = eqx.field(static=True)
-
-    def __call__(self, t, y, args):
-        return self.fn(jnp.asarray(t, self.dtype), y, args)
 
 
 def _flags_only(saveat: SaveAt) -> SaveAt:

@@ -63,7 +63,7 @@ class Loop(eqx.Module):
     saveat: SaveAt
     max_steps: int = eqx.field(static=True)
     progress: ProgressMeter | None
-    num_steps: int | None = eqx.field(static=True)
+    num_steps: int | None = eqx.field(default=None, static=True)
     """The number of steps, when known before the solve (constant steps over a concrete span):
     lets a checkpointing adjoint use the offline optimal schedule."""
 
