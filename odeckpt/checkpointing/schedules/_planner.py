@@ -4,7 +4,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from ._binomial import optimal_cost
+from ._binomial import binomial, optimal_cost
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
 """Budget used when neither `checkpoints` nor `memory_budget` is given: 64 MiB."""
@@ -108,7 +108,9 @@ def plan(
 ) -> Plan:
     """Choose the regime and the number of snapshots.
 
-    Rule: with `checkpoints=c`, binomial when `c < steps`, else states. With a budget `B`
+    Rule: with `checkpoints=c`, binomial when `c < steps`, else states. A while loop
+    (`online`) with neither argument keeps the fewest `c` with `C(c+2, 2) >= steps` snapshots
+    (within the default budget), whatever the sizes. With a budget `B`
     (default `DEFAULT_MEMORY_BUDGET`): residuals if `steps * residual_bytes <= B`, else states
     if `steps * snapshot_bytes <= B`, else binomial with `c = B // snapshot_bytes` (an explicit
     budget must hold one snapshot; the default never goes below `DEFAULT_MIN_CHECKPOINTS`).
@@ -135,9 +137,20 @@ def plan(
         return _snapshots(steps, min(checkpoints, steps), snapshot_bytes, residual_bytes, online)
     explicit = memory_budget is not None
     budget = parse_memory(memory_budget) if explicit else DEFAULT_MEMORY_BUDGET
+    if online and not explicit:
+        c = _online_default(steps, budget // snapshot_bytes)
+        return _snapshots(steps, min(c, steps), snapshot_bytes, residual_bytes, online)
     if residual_bytes is not None and steps * residual_bytes <= budget:
-        return Plan("residuals", steps, online, 0, snapshot_bytes, residual_bytes,
-                    steps * residual_bytes, steps)  # fmt: skip
+        return Plan(
+            "residuals",
+            steps,
+            online,
+            0,
+            snapshot_bytes,
+            residual_bytes,
+            steps * residual_bytes,
+            steps,
+        )
     c = budget // snapshot_bytes
     if c < 1 and explicit:
         raise ValueError(
@@ -150,7 +163,27 @@ def plan(
     return _snapshots(steps, min(c, steps), snapshot_bytes, residual_bytes, online)
 
 
+def _online_default(steps: int, affordable: int) -> int:
+    """Snapshots for a while loop by default: the fewest `c` with `C(c+2, 2) >= steps`, so
+    that the online schedule is optimal (each step recomputed at most twice) for any stop up
+    to `steps`, within the default budget. A while loop may stop long before `max_steps`, so
+    regimes whose cost grows with `max_steps` itself (storing every step's residuals or state)
+    are not defaults there."""
+    c = 1
+    while binomial(c, 2) < steps:
+        c += 1
+    return max(min(c, affordable), DEFAULT_MIN_CHECKPOINTS)
+
+
 def _snapshots(steps, c, snapshot_bytes, residual_bytes, online) -> Plan:
     regime: Regime = "states" if c >= steps else "binomial"
-    return Plan(regime, steps, online, c, snapshot_bytes, residual_bytes,
-                c * snapshot_bytes, optimal_cost(steps, c))  # fmt: skip
+    return Plan(
+        regime,
+        steps,
+        online,
+        c,
+        snapshot_bytes,
+        residual_bytes,
+        c * snapshot_bytes,
+        optimal_cost(steps, c),
+    )
