@@ -4,6 +4,7 @@ import abc
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ._integrate import Loop, LoopState, apply_writes
 from ._types import Y
@@ -120,24 +121,14 @@ class ForwardMode(AbstractAdjoint):
     """
 
     def run(self, loop, state, outputs):
-        return _forward_mode_loop(state, outputs, loop)
-
-
-@eqx.filter_custom_jvp
-def _forward_mode_loop(state, outputs, loop):
-    return _while_loop(loop, state, outputs)
-
-
-@_forward_mode_loop.def_jvp
-def _forward_mode_loop_jvp(primals, tangents):
-    state, outputs, loop = primals
-    run = lambda state, outputs, loop: _while_loop(loop, state, outputs)
-    primal_out, tangent_out = eqx.filter_jvp(run, primals, tangents)
-    # The tangent passes through a linear map whose transpose raises: `jax.grad` of this loop
-    # fails with a message naming the adjoints that support reverse mode.
-    leaves, treedef = jax.tree.flatten(tangent_out)
-    leaves = linear_call(lambda _, t: t, _no_reverse_mode, [], leaves)
-    return primal_out, jax.tree.unflatten(treedef, leaves)
+        # The results pass through an identity whose transpose raises, so that `jax.grad`
+        # fails with a message naming the adjoints that support reverse mode.
+        leaves, treedef = jax.tree.flatten(_while_loop(loop, state, outputs))
+        inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
+        guarded = linear_call(lambda _, x: x, _no_reverse_mode, [], [leaves[i] for i in inexact])
+        for i, x in zip(inexact, guarded, strict=True):
+            leaves[i] = x
+        return jax.tree.unflatten(treedef, leaves)
 
 
 def _while_loop(loop: Loop, state: LoopState, outputs: tuple[Y, ...]):

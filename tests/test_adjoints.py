@@ -119,6 +119,8 @@ def test_jacfwd_equals_jacrev():
     reverse = jax.jacrev(fn)(Y0, "direct")
     for adjoint in ("forward", "direct", "recursive"):
         assert_close(jax.jacfwd(fn)(Y0, adjoint), reverse, 1e-10)
+    jitted = jax.jit(jax.jacfwd(lambda y0: fn(y0, "forward")))
+    assert_close(jitted(Y0), reverse, 1e-10)
 
 
 def test_gradient_with_respect_to_t1():
