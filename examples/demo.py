@@ -88,6 +88,41 @@ def main(quick: bool) -> None:
         f"run {1e3 * run_s:8.3f} ms  temp {temp / 2**10:8.1f} KiB"
     )
 
+    print("\ngradient of sum(y(ts)**2) w.r.t. the 4 parameters, tsit5, 200 save times:")
+    ts = jnp.linspace(0.0, t1, 200)
+
+    def loss(args, adjoint):
+        sol = odeckpt.solve(
+            lotka_volterra,
+            y0,
+            (0.0, t1),
+            tuple(args),
+            adjoint=adjoint,
+            rtol=1e-8,
+            atol=1e-8,
+            saveat=ts,
+        )
+        return jnp.sum(sol.ys**2)
+
+    reference = None
+    for adjoint in (
+        "direct",
+        "recursive",
+        odeckpt.RecursiveCheckpointAdjoint(checkpoints=8),
+        "backsolve",
+        "forward",
+    ):
+        name = adjoint if isinstance(adjoint, str) else "recursive, checkpoints=8"
+        derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+        grad, compile_s, run_s, temp = timed(derivative(lambda a, adj=adjoint: loss(a, adj)), args)
+        reference = grad if reference is None else reference
+        error = float(jnp.max(jnp.abs(grad - reference) / jnp.abs(reference)))
+        print(
+            f"  {name:<30} {'(jacfwd)' if adjoint == 'forward' else '(grad)  '} "
+            f"rel. diff to direct {error:8.1e} | compile {compile_s:6.2f} s  "
+            f"run {1e3 * run_s:8.3f} ms  temp {temp / 2**10:8.1f} KiB"
+        )
+
     dense = odeckpt.solve(
         lotka_volterra, y0, (0.0, t1), tuple(args), saveat=odeckpt.SaveAt(dense=True)
     )
