@@ -118,45 +118,37 @@ def solve(
         num_steps = constant_step_count(
             t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps
         )
-    return _solve(
-        f,
-        y0,
-        t0,
-        t1,
-        ts,
-        args,
-        stepper,
-        adjoint,
-        controller,
-        saveat,
-        dt0,
-        max_steps,
-        throw,
-        progress,
-        direction,
-        num_steps,
+    options = _Options(
+        stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps
     )
+    return _solve(f, y0, t0, t1, ts, args, options)
+
+
+class _Options(eqx.Module):
+    """Everything about a solve that is not an input array (static under `jit`, except any
+    arrays inside the stepper, adjoint or controller)."""
+
+    stepper: AbstractStepper
+    adjoint: AbstractAdjoint
+    controller: AbstractController
+    saveat: SaveAt
+    dt0: float | jax.Array | None
+    max_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+    progress: bool = eqx.field(static=True)
+    direction: float | None = eqx.field(static=True)
+    num_steps: int | None = eqx.field(static=True)
 
 
 @eqx.filter_jit
-def _solve(
-    f,
-    y0,
-    t0,
-    t1,
-    ts,
-    args,
-    stepper,
-    adjoint,
-    controller,
-    saveat,
-    dt0,
-    max_steps,
-    throw,
-    progress,
-    direction,
-    num_steps,
-):
+def _solve(f, y0, t0, t1, ts, args, options: _Options):
+    stepper, adjoint, controller, saveat = (
+        options.stepper,
+        options.adjoint,
+        options.controller,
+        options.saveat,
+    )
+    dt0, max_steps, direction = options.dt0, options.max_steps, options.direction
     if direction is None:
         direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     tau0, tau_end = direction * t0, direction * t1
@@ -169,8 +161,8 @@ def _solve(
         ts=None if ts is None else direction * ts,
         saveat=saveat,
         max_steps=max_steps,
-        progress=ProgressMeter(tau0, tau_end, ProgressBar()) if progress else None,
-        num_steps=num_steps,
+        progress=ProgressMeter(tau0, tau_end, ProgressBar()) if options.progress else None,
+        num_steps=options.num_steps,
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     state, init_evals = loop.init_state(tau0, y0, dt)
@@ -181,7 +173,7 @@ def _solve(
         state.status,
     )
     ts_out, ys_out, dense = _collect(loop, saveat, direction, t0, y0, ts, state, outputs)
-    if throw:
+    if options.throw:
         ys_out, dense = status.error_if((ys_out, dense), status != Status.successful)
     stats = Stats(
         num_steps=state.num_steps,
