@@ -54,10 +54,7 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         c = schedule.checkpoints
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
         table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
-        # One scratch row past the c slots: every iteration writes a row unconditionally (the
-        # scratch row when nothing is stored), which XLA does in place, whereas a `lax.cond`
-        # around the write may copy the whole snapshot array every step.
-        snaps = _tree.update(_tree.stack_zeros(init, c + 1), init, 0)
+        snaps = _tree.update(_tree.stack_zeros(init, c), init, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
     else:
         snaps = pos = None
@@ -73,9 +70,11 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         i, state, prev, snaps, pos, buffers, _ = carry
         if save:
             slot = table[i]
-            store = slot >= 0
-            snaps = _tree.update(snaps, prev, jnp.where(store, slot, c))
-            pos = jnp.where(store, pos.at[slot].set(i - 1), pos)
+            snaps, pos = lax.cond(
+                slot >= 0,
+                lambda: (_tree.update(snaps, prev, slot), pos.at[slot].set(i - 1)),
+                lambda: (snaps, pos),
+            )
         new, idx, values = loop.step(params, state, _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
@@ -149,7 +148,9 @@ def reverse(
         )
         free = c - k + 1
         push = (free >= 2) & (cur < end - 1) & (cur == top + _split(table, end - top, free))
-        snaps = _tree.update(snaps, held, jnp.where(push, perm[jnp.minimum(k, c - 1)], c))
+        snaps = lax.cond(
+            push, lambda: _tree.update(snaps, held, perm[jnp.minimum(k, c - 1)]), lambda: snaps
+        )
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
         k = k + push.astype(_INT)
 
