@@ -60,8 +60,9 @@ def _check(n, dim, c, seed=0):
     ref = _grads(jax.lax.scan, init, xs, theta)
     got = _grads(lambda f, i, x: checkpointed_scan(f, i, x, checkpoints=c), init, xs, theta)
     # The step compiled inside another loop body may round differently (XLA fuses it
-    # differently); over tens of steps that reaches ~2e-12 relative (seen at n = 40, c = 1).
-    _assert_close(got, ref, tol=1e-12 if n <= 30 else 5e-12)
+    # differently), and rounding accumulates with n: seen 1.9e-12 relative at n = 40 and
+    # 1.3e-11 at n = 88 against `lax.scan`.
+    _assert_close(got, ref, tol=1e-12 * max(1.0, n / 5))
 
 
 def test_outputs_equal_lax_scan():
