@@ -1,5 +1,9 @@
 import jax
-
+from hypothesis import settings
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# The same examples on every run, so that CI is reproducible.
+settings.register_profile("deterministic", derandomize=True)
+settings.load_profile("deterministic")
