@@ -31,11 +31,22 @@ class Loop:
         the buffers at `index` (int32 `[k]`, out of range dropped).
     - `cond(params, state) -> bool` or `None` (a scan: run exactly `steps` steps).
     - `steps`: `n` for a scan, `max_steps` for a while loop.
+    - `pack(params, state) -> packed`, `unpack(params, packed) -> state`: what a snapshot
+        holds (default: the whole state). `unpack` must rebuild exactly the state that was
+        packed; it runs once per restore in the reverse sweep.
     """
 
     step: Callable[..., tuple[Any, jax.Array, Any]]
     cond: Callable[..., jax.Array] | None
     steps: int
+    pack: Callable[..., Any] | None = None
+    unpack: Callable[..., Any] | None = None
+
+    def packed(self, params, state):
+        return state if self.pack is None else self.pack(params, state)
+
+    def unpacked(self, params, packed):
+        return packed if self.unpack is None else self.unpack(params, packed)
 
 
 def _x(xs, i):
@@ -54,7 +65,8 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         c = schedule.checkpoints
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
         table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
-        snaps = _tree.update(_tree.stack_zeros(init, c), init, 0)
+        packed = loop.packed(params, init)
+        snaps = _tree.update(_tree.stack_zeros(packed, c), packed, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
     else:
         snaps = pos = None
@@ -72,7 +84,10 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
             slot = table[i]
             snaps, pos = lax.cond(
                 slot >= 0,
-                lambda: (_tree.update(snaps, prev, slot), pos.at[slot].set(i - 1)),
+                lambda: (
+                    _tree.update(snaps, loop.packed(params, prev), slot),
+                    pos.at[slot].set(i - 1),
+                ),
                 lambda: (snaps, pos),
             )
         new, idx, values = loop.step(params, state, _x(xs, i), i)
@@ -144,12 +159,16 @@ def reverse(
         end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
         top, top_slot = stack[k - 1], perm[k - 1]
         held, cur = lax.cond(
-            cur < 0, lambda: (_tree.index(snaps, top_slot), top), lambda: (held, cur)
+            cur < 0,
+            lambda: (loop.unpacked(params, _tree.index(snaps, top_slot)), top),
+            lambda: (held, cur),
         )
         free = c - k + 1
         push = (free >= 2) & (cur < end - 1) & (cur == top + _split(table, end - top, free))
         snaps = lax.cond(
-            push, lambda: _tree.update(snaps, held, perm[jnp.minimum(k, c - 1)]), lambda: snaps
+            push,
+            lambda: _tree.update(snaps, loop.packed(params, held), perm[jnp.minimum(k, c - 1)]),
+            lambda: snaps,
         )
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
         k = k + push.astype(_INT)

@@ -80,9 +80,20 @@ def _check_write(write, outputs):
         raise TypeError(f"{e} (k = {k})") from None
 
 
-def _loop(cond_fun, body_fun, init_val, outputs, max_steps):
+def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot):
     """The engine's normal form: a masked step (finished lanes keep `val`, drop writes)."""
     (cond_p, cond_s), (body_p, body_s) = convert(cond_fun, init_val), convert(body_fun, init_val)
+    params = (cond_p, body_p)
+    codec = {}
+    if snapshot is not None:
+        pack_fun, unpack_fun = snapshot
+        (pack_p, pack_s) = convert(pack_fun, init_val)
+        (unpack_p, unpack_s) = convert(unpack_fun, jax.eval_shape(pack_fun, init_val))
+        params += (pack_p, unpack_p)
+        codec = dict(
+            pack=lambda params, val: eqx.combine(params[2], pack_s)(val),
+            unpack=lambda params, packed: eqx.combine(params[3], unpack_s)(packed),
+        )
     grouped = isinstance(outputs, list)
     if outputs is None:
         lengths = None
@@ -109,40 +120,61 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps):
             idx, values = (idx, list(values)) if grouped else (idx[0], values[0])
         return _tree.where(active, new, val), idx, values
 
-    return Loop(step, cond, max_steps), (cond_p, body_p)
+    return Loop(step, cond, max_steps, **codec), params
 
 
 def while_loop_plan(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
-    online: bool = True,
+    online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `bounded_while_loop` with the same arguments follows."""
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
     _check_body(cond_fun, body_fun, init_val, outputs)
-    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
+    _check_snapshot(snapshot, init_val)
+    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot)
     return _plan(loop, params, init_val, checkpoints, memory_budget, online)
 
 
-def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
-    step = lambda p, v: loop.step(p, v, None, None)[0::2]
-    residuals = jax.eval_shape(
-        lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
+def _check_snapshot(snapshot, init_val):
+    fix = (
+        "snapshot=(pack, unpack) takes two functions: pack(val) returns what a snapshot "
+        "keeps, unpack(packed) rebuilds val from it"
     )
-    return plan(loop.steps, _tree.nbytes(init_val), _tree.nbytes(residuals),
+    if snapshot is None:
+        return
+    if not (isinstance(snapshot, tuple) and len(snapshot) == 2 and all(map(callable, snapshot))):
+        raise TypeError(f"{fix}; got {snapshot!r}")
+    pack_fun, unpack_fun = snapshot
+    rebuilt = jax.eval_shape(lambda v: unpack_fun(pack_fun(v)), init_val)
+    _tree.check_same_structure("unpack(pack(val))", init_val, rebuilt, fix)
+
+
+def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
+    residual_bytes = None
+    if checkpoints is None and (memory_budget is not None or not online):
+        # only then may the plan store every step's residuals: size them
+        step = lambda p, v: loop.step(p, v, None, None)[0::2]
+        residuals = jax.eval_shape(
+            lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
+        )
+        residual_bytes = _tree.nbytes(residuals)
+    snapshot = jax.eval_shape(loop.packed, params, init_val)
+    return plan(loop.steps, _tree.nbytes(snapshot), residual_bytes,
                 checkpoints=checkpoints, memory_budget=memory_budget, online=online)  # fmt: skip
 
 
 def bounded_while_loop(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
-    online: bool = True,
+    online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
     Runs `val = body_fun(val)` while `cond_fun(val)`, at most `max_steps` times (then returns
-    the state reached: check `cond_fun` on it to detect that). Snapshots hold `val` only.
+    the state reached: check `cond_fun` on it to detect that). Snapshots hold `val` only (or
+    what `snapshot` packs of it).
 
     **Arguments:**
 
@@ -153,6 +185,12 @@ def bounded_while_loop(
     - `online`: `False` when the loop is known to run (about) `max_steps` steps, e.g. a
         fixed-step solve whose step count is computed in advance: then the offline Revolve
         schedule for `max_steps` steps is used, which is optimal when the loop runs them all.
+    - `snapshot`: optional `(pack, unpack)`: a snapshot keeps `pack(val)` instead of `val`,
+        and the reverse sweep rebuilds `val = unpack(packed)` at each restore. `unpack` must
+        rebuild exactly the `val` that was packed, bitwise if the loop's control flow depends
+        on it (a value that differs by rounding can change the replayed steps' decisions):
+        use it to leave out of the snapshots what is cheap to recompute from the rest,
+        trading one `unpack` per reversed step for memory.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -192,11 +230,13 @@ def bounded_while_loop(
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
     _check_body(cond_fun, body_fun, init_val, outputs)
+    _check_snapshot(snapshot, init_val)
     # Checks `checkpoints`/`memory_budget` now; the real plan (which traces the step's VJP to
     # size its residuals) is only made if the loop is differentiated.
-    plan(max_steps, _tree.nbytes(init_val), None, checkpoints=checkpoints,
+    snapshot_val = init_val if snapshot is None else jax.eval_shape(snapshot[0], init_val)
+    plan(max_steps, _tree.nbytes(snapshot_val), None, checkpoints=checkpoints,
          memory_budget=memory_budget, online=online)  # fmt: skip
-    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps)
+    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot)
     the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
