@@ -34,13 +34,27 @@ _EXPORTS = {
     "Tsit5": "._steppers",
     "Dopri5": "._steppers",
     "Dopri8": "._steppers",
+    "ImplicitEuler": "._steppers",
+    "Trapezoid": "._steppers",
+    "Kvaerno3": "._steppers",
+    "Kvaerno4": "._steppers",
+    "Kvaerno5": "._steppers",
+    "Rodas5": "._steppers",
+    "AbstractNewton": "._newton",
+    "Newton": "._newton",
+    "NewtonKrylov": "._newton",
     "checkpointing": ".checkpointing",
+    "CompiledMemory": "._memory",
+    "compiled_memory": "._memory",
+    "MemoryReport": "._memory",
+    "memory_report": "._memory",
+    "plot": ".plot",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from . import checkpointing as checkpointing
+    from . import checkpointing as checkpointing, plot as plot
     from ._adjoint import (
         AbstractAdjoint as AbstractAdjoint,
         DirectAdjoint as DirectAdjoint,
@@ -52,6 +66,17 @@ if TYPE_CHECKING:
         AbstractController as AbstractController,
         ConstantStep as ConstantStep,
         PIDController as PIDController,
+    )
+    from ._memory import (
+        CompiledMemory as CompiledMemory,
+        MemoryReport as MemoryReport,
+        compiled_memory as compiled_memory,
+        memory_report as memory_report,
+    )
+    from ._newton import (
+        AbstractNewton as AbstractNewton,
+        Newton as Newton,
+        NewtonKrylov as NewtonKrylov,
     )
     from ._saveat import SaveAt as SaveAt
     from ._solution import Solution as Solution, Stats as Stats
@@ -65,7 +90,13 @@ if TYPE_CHECKING:
         Dopri8 as Dopri8,
         Euler as Euler,
         Heun as Heun,
+        ImplicitEuler as ImplicitEuler,
+        Kvaerno3 as Kvaerno3,
+        Kvaerno4 as Kvaerno4,
+        Kvaerno5 as Kvaerno5,
         Midpoint as Midpoint,
         Ralston as Ralston,
+        Rodas5 as Rodas5,
+        Trapezoid as Trapezoid,
         Tsit5 as Tsit5,
     )

@@ -116,6 +116,10 @@ class BacksolveAdjoint(AbstractAdjoint):
                 "`odeckpt.Tsit5()`."
             )
 
+    def gradient_stats(self, loop, state, outputs, num_steps):
+        del loop, state, outputs, num_steps
+        return self.checkpoints or 0, jnp.zeros((), jnp.int32)
+
     def run(self, loop, state, outputs):
         self._backward_stepper(loop)  # configuration errors at trace time
         # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
@@ -150,6 +154,15 @@ class BacksolveAdjoint(AbstractAdjoint):
                 "`BacksolveAdjoint(solver=odeckpt.Tsit5())` or another adaptive stepper."
             )
         return stepper
+
+
+def forward_mode_error() -> TypeError:
+    """What `jax.jvp` through a backsolve solve raises (JAX's own message names no fix)."""
+    return TypeError(
+        "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
+        "Fix: for jax.jvp / jax.jacfwd use adjoint='forward' (ForwardMode) or adjoint='direct' "
+        "(DirectAdjoint)."
+    )
 
 
 def _flags_only(saveat: SaveAt) -> SaveAt:
@@ -378,6 +391,19 @@ def _dense_group(loop, state, final, outputs, ct_outputs) -> _Dense | None:
     return _Dense(starts, valid, t_ends, coeffs, _zeros_for_none(ct_coeffs, coeffs))
 
 
+def _initial_dt(controller, stepper, problem, s0, z, diff, seminorm: bool):
+    """The first backward step size. With the seminorm the parameter integral `g` takes no
+    part in error control, so it takes none in choosing the first step either (its derivative,
+    measured against `atol` while `g = 0`, would make that step vanishingly small)."""
+    if not seminorm:
+        f0 = stepper.init(problem.augmented, s0, z, diff)
+        return controller.init(problem.augmented, s0, z, f0, diff, stepper, None)[0]
+    y, a, g = z
+    state_part = lambda s, ya, d: problem.augmented(s, (*ya, g), d)[:2]
+    f0 = state_part(s0, (y, a), diff)
+    return controller.init(state_part, s0, (y, a), f0, diff, stepper, None)[0]
+
+
 def _solve_backwards(adjoint, loop, state, final, problem, diff, groups, dense, z):
     """Integrate the augmented system from the final time back to `t0`, stopping at every event
     (in decreasing time) to re-anchor `y` and add the jumps. Returns `(y, a, g)` at `t0`,
@@ -444,8 +470,7 @@ def _solve_backwards(adjoint, loop, state, final, problem, diff, groups, dense, 
     if isinstance(controller, ConstantStep):
         dt = state.dt
     else:
-        f0 = stepper.init(problem.augmented, s0, z, diff)
-        dt, _, _ = controller.init(problem.augmented, s0, z, f0, diff, stepper, None)
+        dt = _initial_dt(controller, stepper, problem, s0, z, diff, adjoint.seminorm)
     zero = jnp.zeros((), jnp.int32)
     carry = (zero, s0, z, dt, jnp.array(True), zero)
     _, _, z, _, ok, num_steps = jax.lax.while_loop(lambda c: c[0] < count, body, carry)

@@ -25,7 +25,15 @@ class Decision(eqx.Module):
 
 
 class AbstractController(eqx.Module):
-    """Chooses step sizes. `init` picks the first step; `adapt` judges each attempted step."""
+    """Chooses step sizes. `init` picks the first step; `adapt` judges each attempted step.
+
+    **Example:**
+
+    ```python
+    controller: odeckpt.AbstractController = odeckpt.PIDController(rtol=1e-4, atol=1e-6)
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), controller=controller)
+    ```
+    """
 
     @abc.abstractmethod
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
@@ -59,6 +67,12 @@ class AbstractController(eqx.Module):
         """Judge the step from `t0` to `t1` and propose the next step size. `dt` is the step size
         that was proposed for this step: `t1 - t0` is smaller when the step was clipped to land on
         a save time or the end of the span."""
+
+    @abc.abstractmethod
+    def reject(self, t0: Scalar, t1: Scalar, dt: Scalar, state: Y) -> Decision:
+        """The verdict on a step the stepper could not complete (an implicit stepper's Newton
+        iteration failed): rejected, with a shorter step to retry if this controller can shorten
+        it (`underflow` if it cannot)."""
 
 
 class ConstantStep(AbstractController):
@@ -95,6 +109,12 @@ class ConstantStep(AbstractController):
             finite=finite,
         )
 
+    def reject(self, t0, t1, dt, state):
+        # A constant step cannot be shortened: the failure is final.
+        del t0, t1
+        true = jnp.array(True)
+        return Decision(accept=~true, next_dt=dt, state=state, underflow=true, finite=true)
+
 
 class PIDController(AbstractController):
     """Adaptive step size from the embedded error estimate (Söderlind's PID form).
@@ -115,6 +135,13 @@ class PIDController(AbstractController):
         machine precision relative to t) ends the solve with `Status.dt_underflow`.
     - `factormin`, `factormax`: bounds on the ratio of consecutive step sizes.
     - `safety`: safety factor.
+
+    **Example:**
+
+    ```python
+    controller = odeckpt.PIDController(rtol=1e-5, atol=1e-7, pcoeff=0.4, icoeff=0.3)
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), controller=controller)
+    ```
 
     **References:** G. Söderlind, "Digital filters in adaptive time-stepping", ACM TOMS 29 (2003);
     Hairer, Nørsett & Wanner, *Solving ODEs I*, section II.4.
@@ -167,7 +194,8 @@ class PIDController(AbstractController):
         if dt0 is not None:
             return self._clip(jnp.asarray(dt0, t0.dtype)), inverse_errors, 0
         dt = jax.lax.stop_gradient(self._initial_dt(f, t0, y0, f0, args, stepper))
-        return self._clip(dt), inverse_errors, 1
+        # Below rounding relative to t0 a step would not advance t at all.
+        return self._clip(jnp.maximum(dt, self._dtmin(t0, t0))), inverse_errors, 1
 
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
@@ -217,16 +245,36 @@ class PIDController(AbstractController):
         # An accepted step shortened to hit a save time says nothing against the longer proposal.
         next_dt = jnp.where(accept & (t1 - t0 < dt), jnp.maximum(next_dt, dt), next_dt)
         next_dt = jax.lax.stop_gradient(self._clip(next_dt))
-        tiny = 10 * jnp.finfo(t0.dtype).eps * jnp.maximum(jnp.abs(t1), jnp.abs(t0))
-        dtmin = tiny if self.dtmin is None else jnp.maximum(self.dtmin, tiny)
         state = jax.tree.map(
             lambda new, old: jnp.where(accept, new, old),
             (inverse, inverse_prev),
             state,
         )
         return Decision(
-            accept=accept, next_dt=next_dt, state=state, underflow=next_dt < dtmin, finite=finite
+            accept=accept,
+            next_dt=next_dt,
+            state=state,
+            underflow=next_dt < self._dtmin(t0, t1),
+            finite=finite,
         )
+
+    def reject(self, t0, t1, dt, state):
+        # Halve the step, as after a Newton failure in Hairer & Wanner's RADAU5 (Sec. IV.8).
+        del dt
+        next_dt = jax.lax.stop_gradient(self._clip(0.5 * (t1 - t0)))
+        true = jnp.array(True)
+        return Decision(
+            accept=~true,
+            next_dt=next_dt,
+            state=state,
+            underflow=next_dt < self._dtmin(t0, t1),
+            finite=true,
+        )
+
+    def _dtmin(self, t0: Scalar, t1: Scalar) -> Scalar:
+        """The smallest step size: `dtmin`, and never below rounding relative to t."""
+        tiny = 10 * jnp.finfo(t0.dtype).eps * jnp.maximum(jnp.abs(t1), jnp.abs(t0))
+        return tiny if self.dtmin is None else jnp.maximum(self.dtmin, tiny)
 
     def _clip(self, dt: Scalar) -> Scalar:
         if self.dtmax is not None:

@@ -48,6 +48,8 @@ class LoopState(eqx.Module):
     num_steps: IntScalar
     num_accepted: IntScalar
     num_rejected: IntScalar
+    num_jacobian_evals: IntScalar
+    num_lu_factorisations: IntScalar
     status: Status
 
 
@@ -77,6 +79,11 @@ class Loop(eqx.Module):
         decision = self.controller.adapt(
             t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper, state.controller_state
         )
+        if step.failed is not None:
+            # The stepper could not complete the step (Newton did not converge): reject it and
+            # retry shorter, whatever its (meaningless) error estimate says.
+            retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
+            decision = jax.tree.map(lambda a, b: jnp.where(step.failed, a, b), retry, decision)
         accept = decision.accept
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
         failed = decision.underflow & ~accept
@@ -85,17 +92,22 @@ class Loop(eqx.Module):
             Status.where(decision.finite, Status.dt_underflow, Status.nonfinite),
             state.status,
         )
+        if step.failed is not None:
+            status = Status.where(failed & step.failed, Status.newton_failed, status)
+        on_reject = state.stepper_state if step.state_on_reject is None else step.state_on_reject
         save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept)
         new = LoopState(
             t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
             y=keep(step.y1, state.y),
             dt=decision.next_dt,
-            stepper_state=keep(step.state, state.stepper_state),
+            stepper_state=keep(step.state, on_reject),
             controller_state=decision.state,
             save_index=save_index,
             num_steps=state.num_steps + 1,
             num_accepted=state.num_accepted + accept,
             num_rejected=state.num_rejected + ~accept,
+            num_jacobian_evals=state.num_jacobian_evals + step.num_jacobian_evals,
+            num_lu_factorisations=state.num_lu_factorisations + step.num_lu_factorisations,
             status=status,
         )
         if self.progress is not None:
@@ -149,7 +161,8 @@ class Loop(eqx.Module):
 
     def init_state(self, t0: Scalar, y0: Y, dt0: Scalar | None) -> tuple[LoopState, int]:
         """The initial loop state, and the vector-field evaluations spent making it."""
-        f0 = self.stepper.init(self.f, t0, y0, self.args)
+        stepper_state = self.stepper.init(self.f, t0, y0, self.args)
+        f0 = self.stepper.derivative(stepper_state)
         dt, controller_state, evals = self.controller.init(
             self.f, t0, y0, f0, self.args, self.stepper, dt0
         )
@@ -157,12 +170,14 @@ class Loop(eqx.Module):
             t=t0,
             y=y0,
             dt=jnp.minimum(dt, self.t_end - t0),
-            stepper_state=f0,
+            stepper_state=stepper_state,
             controller_state=controller_state,
             save_index=_zero_count(),
             num_steps=_zero_count(),
             num_accepted=_zero_count(),
             num_rejected=_zero_count(),
+            num_jacobian_evals=_zero_count(),
+            num_lu_factorisations=_zero_count(),
             status=Status.where(all_finite(y0), Status.successful, Status.nonfinite_y0),
         )
         return state, 1 + evals
@@ -179,8 +194,9 @@ class Loop(eqx.Module):
             n = self.max_steps
             outputs += ((_filled(n, t0), jax.tree.map(lambda y: _filled(n, y), y0)),)
         if self.saveat.dense:
+            init = lambda: self.stepper.init(self.f, t0, y0, self.args)
             coeffs = jax.eval_shape(
-                lambda: self.stepper.step(self.f, t0, t0, y0, self.args, y0).dense
+                lambda: self.stepper.step(self.f, t0, t0, y0, self.args, init()).dense
             )
             outputs += (
                 (

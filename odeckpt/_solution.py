@@ -16,13 +16,35 @@ class Stats(eqx.Module):
 
     - `num_steps`: attempted steps (accepted + rejected); bounded by `max_steps`.
     - `num_accepted_steps`, `num_rejected_steps`: as named.
-    - `num_fn_evals`: evaluations of the vector field, including those for the initial step size.
+    - `num_fn_evals`: evaluations of the vector field, including those for the initial step size
+        (for implicit steppers: counting one Newton iteration per stage).
+    - `num_jacobian_evals`: Jacobian evaluations (linearisations for `NewtonKrylov`) by implicit
+        and Rosenbrock steppers; 0 for explicit ones.
+    - `num_lu_factorisations`: LU factorisations of `I - h gamma J`; 0 for explicit steppers.
+    - `num_checkpoints`: snapshot slots that reverse-mode differentiation of this solve keeps
+        (`RecursiveCheckpointAdjoint`'s `c`; `BacksolveAdjoint`'s forward checkpoints; `0` for
+        `DirectAdjoint`, which stores every step's residuals instead, and `ForwardMode`).
+    - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
+        snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
+        also runs one VJP per step; `BacksolveAdjoint`'s backward solve is adaptive and its
+        step count is only known in the backward pass.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0))
+    print(sol.stats.num_steps, sol.stats.num_fn_evals, sol.stats.num_checkpoints)
+    ```
     """
 
     num_steps: IntScalar
     num_accepted_steps: IntScalar
     num_rejected_steps: IntScalar
     num_fn_evals: IntScalar
+    num_jacobian_evals: IntScalar
+    num_lu_factorisations: IntScalar
+    num_checkpoints: IntScalar
+    num_recomputed_steps: IntScalar
 
 
 class DenseOutput(eqx.Module):
@@ -61,6 +83,13 @@ class Solution(eqx.Module):
     - `stats`: a `Stats` of counters.
     - `status`: a `Status`; `Status.successful` unless the solve stopped early (`throw=False`).
     - `t0`, `t1`: the time span.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), saveat=odeckpt.SaveAt(ts=jnp.linspace(0.0, 1.0, 11)))
+    sol.ts.shape  # (11,); each leaf of sol.ys has shape (11, *leaf_of_y0.shape)
+    ```
     """
 
     ts: Float[Array, " n"] | None

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _validate as validate
 from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
-from ._backsolve import BacksolveAdjoint
+from ._backsolve import BacksolveAdjoint, forward_mode_error
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._integrate import (
     Loop,
@@ -20,7 +20,7 @@ from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
 from ._solution import DenseOutput, Solution, Stats
 from ._status import Status
-from ._steppers import AbstractStepper, Tsit5, stepper_from_name
+from ._steppers import AbstractStepper, Tsit5, stepper_from_name, with_newton_tolerances
 from ._types import Args, Scalar, VectorField, Y
 
 ADJOINTS: dict[str, type[AbstractAdjoint]] = {
@@ -97,6 +97,7 @@ def solve(
     if not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps={max_steps!r} must be a positive int.")
     controller = _controller(controller, stepper, dt0, rtol, atol)
+    stepper = _newton_tolerances(stepper, controller, rtol, atol)
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
     validate.check_finite(y0)
@@ -121,7 +122,12 @@ def solve(
     options = _Options(
         stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps
     )
-    return _solve(f, y0, t0, t1, ts, args, options)
+    try:
+        return _solve(f, y0, t0, t1, ts, args, options)
+    except TypeError as e:
+        if isinstance(adjoint, BacksolveAdjoint) and "forward-mode" in str(e):
+            raise forward_mode_error() from None
+        raise
 
 
 class _Options(eqx.Module):
@@ -165,8 +171,11 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_steps=options.num_steps,
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
-    state, init_evals = loop.init_state(tau0, y0, dt)
-    state, outputs = adjoint.run(loop, state, loop.init_outputs(tau0, y0))
+    init, init_evals = loop.init_state(tau0, y0, dt)
+    state, outputs = adjoint.run(loop, init, loop.init_outputs(tau0, y0))
+    checkpoints, recomputed = adjoint.gradient_stats(
+        loop, init, loop.init_outputs(tau0, y0), state.num_steps
+    )
     status = Status.where(
         (state.status == Status.successful) & (state.t < tau_end),
         Status.max_steps_reached,
@@ -180,6 +189,10 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_accepted_steps=state.num_accepted,
         num_rejected_steps=state.num_rejected,
         num_fn_evals=init_evals + state.num_steps * stepper.fn_evals_per_step,
+        num_jacobian_evals=state.num_jacobian_evals,
+        num_lu_factorisations=state.num_lu_factorisations,
+        num_checkpoints=jnp.asarray(checkpoints, jnp.int32),
+        num_recomputed_steps=recomputed,
     )
     return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
 
@@ -247,6 +260,13 @@ def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol) -> Abstra
     if isinstance(controller, PIDController):
         controller = controller.with_tolerances(rtol, atol)
     return controller
+
+
+def _newton_tolerances(stepper, controller, rtol, atol) -> AbstractStepper:
+    """An implicit stepper's Newton iteration converges to the tolerances of the controller."""
+    if isinstance(controller, PIDController):
+        rtol, atol = controller.rtol, controller.atol
+    return with_newton_tolerances(stepper, rtol, atol)
 
 
 def _saveat(saveat) -> SaveAt:

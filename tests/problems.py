@@ -92,3 +92,73 @@ def reference(problem: dict, t_eval) -> np.ndarray:
     )
     assert result.success
     return result.y.T
+
+
+def robertson(t, y, k):
+    """Robertson's chemical kinetics (Hairer & Wanner, *Solving ODEs II*, IV.10): three species,
+    rate constants `k = (k1, k2, k3)`; stiffness ratio ~1e11 at the standard constants."""
+    k1, k2, k3 = k[0], k[1], k[2]
+    return jnp.stack(
+        [
+            -k1 * y[0] + k3 * y[1] * y[2],
+            k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2],
+            k2 * y[1] ** 2,
+        ]
+    )
+
+
+def robertson_jacobian(t, y, k):
+    k1, k2, k3 = k[0], k[1], k[2]
+    return jnp.array(
+        [
+            [-k1, k3 * y[2], k3 * y[1]],
+            [k1, -2 * k2 * y[1] - k3 * y[2], -k3 * y[1]],
+            [0.0 * k1, 2 * k2 * y[1], 0.0 * k1],
+        ]
+    )
+
+
+ROBERTSON = dict(
+    f=robertson,
+    jac=robertson_jacobian,
+    y0=np.array([1.0, 0.0, 0.0]),
+    args=np.array([0.04, 3e7, 1e4]),
+)
+
+
+def van_der_pol_jacobian(t, y, mu):
+    return jnp.array([[0.0, 1.0], [-2 * mu * y[0] * y[1] - 1, mu * (1 - y[0] ** 2)]])
+
+
+STIFF_VAN_DER_POL = dict(
+    f=van_der_pol, jac=van_der_pol_jacobian, y0=np.array([2.0, 0.0]), args=1000.0
+)
+
+# `radau_reference(problem, t1)` at the published tolerances, stored because the Van der Pol
+# reference takes ~10 s; `test_implicit.py::test_stored_references` (slow) recomputes them.
+STIFF_REFERENCES = {
+    ("robertson", 1e5): np.array(
+        [1.786592114216766e-02, 7.274751468464571e-08, 9.821340061103163e-01]
+    ),
+    ("robertson", 1e11): np.array(
+        [2.083340155271562e-08, 8.333360792615899e-14, 9.999999791665098e-01]
+    ),
+    ("van_der_pol", 3000.0): np.array([-1.5106069367441031e00, 1.1783800007309291e-03]),
+}
+
+
+def radau_reference(problem: dict, t1: float) -> np.ndarray:
+    """`scipy.integrate.solve_ivp(method="Radau", rtol=1e-12, atol=1e-14)` at `t1`, with the
+    problem's analytic Jacobian."""
+    f, jac, args = jax.jit(problem["f"]), jax.jit(problem["jac"]), problem["args"]
+    result = solve_ivp(
+        lambda t, y: np.asarray(f(t, jnp.asarray(y), args)),
+        (0.0, t1),
+        problem["y0"],
+        method="Radau",
+        rtol=1e-12,
+        atol=1e-14,
+        jac=lambda t, y: np.asarray(jac(t, jnp.asarray(y), args)),
+    )
+    assert result.success
+    return result.y[:, -1]

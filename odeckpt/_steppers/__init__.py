@@ -1,4 +1,5 @@
-"""Explicit Runge-Kutta steppers (private; the public names live in `odeckpt`)."""
+"""Explicit, implicit (ESDIRK) and Rosenbrock steppers (private; the public names live in
+`odeckpt`)."""
 
 from ._base import AbstractStepper as AbstractStepper, Step as Step
 from ._bosh3 import Bosh3 as Bosh3
@@ -11,7 +12,20 @@ from ._classic import (
 )
 from ._dopri5 import Dopri5 as Dopri5
 from ._dopri8 import Dopri8 as Dopri8
+from ._esdirk import (
+    AbstractESDIRK as AbstractESDIRK,
+    ImplicitState as ImplicitState,
+    with_newton_tolerances as with_newton_tolerances,
+)
 from ._explicit_rk import AbstractExplicitRK as AbstractExplicitRK
+from ._implicit_classic import ImplicitEuler as ImplicitEuler, Trapezoid as Trapezoid
+from ._implicit_tableau import ESDIRKTableau as ESDIRKTableau
+from ._kvaerno import Kvaerno3 as Kvaerno3, Kvaerno4 as Kvaerno4, Kvaerno5 as Kvaerno5
 from ._registry import STEPPERS as STEPPERS, stepper_from_name as stepper_from_name
+from ._rosenbrock import (
+    AbstractRosenbrock as AbstractRosenbrock,
+    Rodas5 as Rodas5,
+    RosenbrockTableau as RosenbrockTableau,
+)
 from ._tableau import ButcherTableau as ButcherTableau
 from ._tsit5 import Tsit5 as Tsit5

@@ -4,7 +4,7 @@ import abc
 
 import equinox as eqx
 
-from .._types import Args, Scalar, VectorField, Y
+from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 
 
 class Step(eqx.Module):
@@ -20,17 +20,37 @@ class Step(eqx.Module):
         length `degree + 1`, lowest power first, so `y(theta) = sum_j dense[j] * theta**j`.
     - `state`: the stepper state to carry to the next step if this one is accepted (for every
         explicit stepper: `f(t1, y1, args)`, which is the next step's first stage).
+    - `state_on_reject`: the stepper state to carry if this step is rejected; `None` keeps the
+        state from before the step. (Implicit steppers keep a Jacobian evaluated in a rejected
+        attempt.)
+    - `failed`: whether the step could not be computed (an implicit stepper's Newton iteration
+        did not converge); `None` for steppers that cannot fail. A failed step is rejected and
+        retried with a shorter step (see `AbstractController.reject`).
+    - `num_jacobian_evals`, `num_lu_factorisations`: the work of this attempt, summed into
+        `Stats` (0 for explicit steppers).
     """
 
     y1: Y
     y_error: Y | None
     dense: Y
     state: Y
+    state_on_reject: Y | None = None
+    failed: BoolScalar | None = None
+    num_jacobian_evals: IntScalar | int = 0
+    num_lu_factorisations: IntScalar | int = 0
 
 
 class AbstractStepper(eqx.Module):
     """A one-step method. Concrete steppers are final modules with no fields of their own beyond
     configuration, so they can be passed through `jit` as static data.
+
+    **Example:**
+
+    ```python
+    stepper: odeckpt.AbstractStepper = odeckpt.Tsit5()
+    state = stepper.init(f, 0.0, y0, None)
+    step = stepper.step(f, 0.0, 0.1, y0, None, state)  # step.y1, step.y_error, step.state
+    ```
     """
 
     name: eqx.AbstractClassVar[str]
@@ -52,3 +72,8 @@ class AbstractStepper(eqx.Module):
     @abc.abstractmethod
     def step(self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: Y) -> Step:
         """Attempt one step from `(t0, y0)` to `t1`; `t1 < t0` integrates backwards."""
+
+    def derivative(self, state: Y) -> Y:
+        """`f(t, y, args)` at the point the stepper state belongs to; the default: the state is
+        that derivative itself (every explicit stepper)."""
+        return state

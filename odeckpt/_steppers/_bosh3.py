@@ -31,6 +31,12 @@ class Bosh3(AbstractExplicitRK):
 
     **References:** P. Bogacki & L. F. Shampine, "A 3(2) pair of Runge-Kutta formulas",
     *Appl. Math. Lett.* 2(4) (1989), 321-325.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Bosh3(), rtol=1e-4, atol=1e-6)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _BOSH3

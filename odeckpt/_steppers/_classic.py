@@ -51,6 +51,13 @@ class Euler(AbstractExplicitRK):
 
     **References:** L. Euler, *Institutiones calculi integralis* (1768); Hairer, Norsett &
     Wanner, *Solving Ordinary Differential Equations I*, 2nd ed. (1993), Sec. I.7 and II.1.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Euler(),
+                        controller=odeckpt.ConstantStep(), dt0=0.001)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _EULER
@@ -68,6 +75,12 @@ class Heun(AbstractExplicitRK):
     **References:** K. Heun, "Neue Methoden zur approximativen Integration der
     Differentialgleichungen einer unabhangigen Veranderlichen", *Z. Math. Phys.* 45 (1900);
     Hairer, Norsett & Wanner vol. I (1993), Sec. II.1.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Heun(), rtol=1e-4, atol=1e-6)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _HEUN
@@ -83,6 +96,13 @@ class Midpoint(AbstractExplicitRK):
 
     **References:** C. Runge, "Uber die numerische Auflosung von Differentialgleichungen",
     *Math. Ann.* 46 (1895); Hairer, Norsett & Wanner vol. I (1993), Sec. II.1.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Midpoint(),
+                        controller=odeckpt.ConstantStep(), dt0=0.01)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _MIDPOINT
@@ -99,6 +119,13 @@ class Ralston(AbstractExplicitRK):
 
     **References:** A. Ralston, "Runge-Kutta methods with minimum error bounds", *Math. Comp.*
     16 (1962), 431-437.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Ralston(),
+                        controller=odeckpt.ConstantStep(), dt0=0.01)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _RALSTON

@@ -64,6 +64,14 @@ class Dopri5(AbstractExplicitRK):
     *J. Comput. Appl. Math.* 6(1) (1980), 19-26; L. F. Shampine, "Some practical Runge-Kutta
     formulas", *Math. Comp.* 46 (1986), 135-150; Hairer, Norsett & Wanner, *Solving Ordinary
     Differential Equations I*, 2nd ed. (1993), Sec. II.5-II.6.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Dopri5(),
+                        saveat=odeckpt.SaveAt(dense=True))
+    y_half = sol.evaluate(0.5)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _DOPRI5

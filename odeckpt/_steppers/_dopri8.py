@@ -141,6 +141,12 @@ class Dopri8(AbstractExplicitRK):
     **References:** P. J. Prince & J. R. Dormand, "High order embedded Runge-Kutta formulae",
     *J. Comput. Appl. Math.* 7(1) (1981), 67-75; E. Hairer, S. P. Norsett & G. Wanner,
     *Solving Ordinary Differential Equations I*, 2nd ed. (1993), Sec. II.5 and II.10 (DOP853).
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Dopri8(), rtol=1e-7, atol=1e-9)
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _DOPRI8

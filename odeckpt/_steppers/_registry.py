@@ -5,10 +5,17 @@ from ._bosh3 import Bosh3
 from ._classic import RK4, Euler, Heun, Midpoint, Ralston
 from ._dopri5 import Dopri5
 from ._dopri8 import Dopri8
+from ._implicit_classic import ImplicitEuler, Trapezoid
+from ._kvaerno import Kvaerno3, Kvaerno4, Kvaerno5
+from ._rosenbrock import Rodas5
 from ._tsit5 import Tsit5
 
 STEPPERS: dict[str, type[AbstractStepper]] = {
-    cls.name: cls for cls in (Euler, Heun, Midpoint, Ralston, RK4, Bosh3, Tsit5, Dopri5, Dopri8)
+    cls.name: cls
+    for cls in (
+        *(Euler, Heun, Midpoint, Ralston, RK4, Bosh3, Tsit5, Dopri5, Dopri8),
+        *(ImplicitEuler, Trapezoid, Kvaerno3, Kvaerno4, Kvaerno5, Rodas5),
+    )
 }
 """Every built-in stepper class, keyed by its `name`."""
 

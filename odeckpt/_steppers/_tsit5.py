@@ -83,6 +83,12 @@ class Tsit5(AbstractExplicitRK):
 
     **References:** Ch. Tsitouras, "Runge-Kutta pairs of order 5(4) satisfying only the first
     column simplifying assumption", *Comput. Math. Appl.* 62(2) (2011), 770-775.
+
+    **Example:**
+
+    ```python
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Tsit5())  # the default solver
+    ```
     """
 
     tableau: ClassVar[ButcherTableau] = _TSIT5

@@ -1,0 +1,151 @@
+"""One generic step for every ESDIRK tableau, with Newton's method for the implicit stages."""
+
+import dataclasses
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from .._newton import AbstractNewton, FlatField, Jacobian, NewtonKrylov, Stage
+from .._types import Args, Scalar, VectorField, Y
+from ._base import AbstractStepper, Step
+from ._explicit_rk import _combine
+from ._implicit_tableau import ESDIRKTableau
+
+
+class ImplicitState(eqx.Module):
+    """What an implicit stepper carries between steps.
+
+    **Fields:**
+
+    - `f`: `f(t, y, args)` at the current point: the next step's explicit first stage.
+    - `cache`: the Newton method's cache (for `Newton`: the Jacobian, its LU factors and when
+        to re-evaluate them; `None` for `NewtonKrylov`).
+    - `eta`: Hairer and Wanner's convergence estimate, which starts the next iteration.
+    """
+
+    f: Y
+    cache: Y
+    eta: Scalar
+
+
+def check_jac(stepper: AbstractStepper, newton: AbstractNewton, jac: Callable | None) -> None:
+    """Raise, naming the fix, on a configuration the stepper cannot use."""
+    name = type(stepper).__name__
+    if not isinstance(newton, AbstractNewton):
+        raise TypeError(
+            f"{name}(newton={newton!r}) is not a Newton method. Fix: pass `odeckpt.Newton()` "
+            "or `odeckpt.NewtonKrylov()`."
+        )
+    if jac is not None and not callable(jac):
+        raise TypeError(f"{name}(jac={jac!r}) must be a function `jac(t, y, args)` or None.")
+    if jac is not None and isinstance(newton, NewtonKrylov):
+        raise ValueError(
+            f"{name}(jac=..., newton=NewtonKrylov()): Newton-Krylov never forms the Jacobian, "
+            "so a user `jac` would be ignored. Fix: drop `jac=` (Jacobian-vector products come "
+            "from `jax.linearize` of f), or use `newton=odeckpt.Newton()` with your `jac`."
+        )
+
+
+class AbstractESDIRK(AbstractStepper):
+    """An ESDIRK method given by its `ESDIRKTableau`, solving each implicit stage with Newton's
+    method (`newton`), whose Jacobian is reused across stages and steps (see `Newton`).
+
+    Concrete methods set `tableau` and the `AbstractStepper` class variables and hold the
+    fields `newton` and `jac`; this class implements `init` and `step` once for all of them.
+    Each stage value is differentiated by the implicit function theorem (`odeckpt._newton`).
+    `fn_evals_per_step` counts one Newton iteration per implicit stage: each further iteration
+    costs one more evaluation of `f`.
+    """
+
+    tableau: eqx.AbstractClassVar[ESDIRKTableau]
+    newton: eqx.AbstractVar[AbstractNewton]
+    jac: eqx.AbstractVar[Callable | None]
+
+    def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> ImplicitState:
+        """**Returns:** the state at the initial point: `f(t0, y0, args)`, an empty cache that
+        asks for a Jacobian at the first step, and `eta = 1`."""
+        t0 = jnp.asarray(t0)
+        y0_flat = ravel_pytree(y0)[0]
+        return ImplicitState(
+            f=f(t0, y0, args),
+            cache=self.newton.init_cache(y0_flat, t0),
+            eta=jnp.ones((), jnp.finfo(y0_flat.dtype).dtype),
+        )
+
+    def derivative(self, state: ImplicitState) -> Y:
+        """**Returns:** `state.f`, i.e. `f(t, y, args)` at the state's point."""
+        return state.f
+
+    def step(
+        self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: ImplicitState
+    ) -> Step:
+        """Attempt one step from `(t0, y0)` to `t1` (`t1 < t0` integrates backwards).
+
+        **Arguments:** as for `AbstractStepper.step`; `state` is an `ImplicitState`.
+
+        **Returns:** a `Step` with `y1 = z_s`, the embedded error estimate, the cubic Hermite
+        dense output, the states to carry on acceptance and on rejection, whether any stage's
+        Newton iteration failed, and the Jacobian evaluations and LU factorisations done.
+        """
+        tableau = self.tableau
+        t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
+        h = t1 - t0
+        hg = h * tableau.gamma
+        field, y0_flat = FlatField.make(f, t0, y0, args)
+        jacobian = Jacobian(self.jac)
+        prepared = self.newton.prepare(jacobian, field, t0, y0_flat, args, hg, state.cache)
+        scale = self.newton.scale(y0_flat)
+        # A zero-length step (a finished lane under vmap) has z = base: k = 0, never 0/0.
+        safe_hg = jnp.asarray(jnp.where(hg == 0, 1, hg), y0_flat.dtype)
+        dtype = y0_flat.dtype
+        s = tableau.num_stages
+        ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(ravel_pytree(state.f)[0])
+
+        # The implicit stages as one scan (traced once, not once per stage: compile time).
+        def stage(carry, i):
+            ks, eta, failed, rate = carry
+            hk = jnp.asarray(h, dtype) * ks
+            base = y0_flat + jnp.asarray(tableau.a, dtype)[i] @ hk
+            guess = base + jnp.asarray(tableau.gamma, dtype) * (
+                jnp.asarray(tableau.predictor, dtype)[i] @ hk
+            )
+            c = jnp.asarray(tableau.c, t0.dtype)[i]
+            t = jnp.where(c == 1, t1, t0 + c * h)
+            z, info = self.newton.solve(
+                jacobian, Stage(field, t, hg, base, args), guess, prepared, scale, eta
+            )
+            ks = ks.at[i].set((z - base) / safe_hg)
+            rate = jnp.maximum(rate, info.rate)
+            return (ks, info.eta, failed | ~info.converged, rate), z
+
+        init = (ks, state.eta, jnp.array(False), jnp.zeros_like(state.eta))
+        (ks, eta, failed, rate), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
+        z = zs[-1]
+        ks = list(ks)
+        y_error = _combine(None, h, tableau.b_error, ks)
+        powers = [_combine(None, h, w, ks) for w in tableau.dense_weights]
+        dense = jax.vmap(field.unravel)(jnp.stack([y0_flat, *powers]))
+        on_accept, on_reject = self.newton.next_caches(prepared.cache, failed, rate)
+        return Step(
+            y1=field.unravel(z),
+            y_error=field.unravel(y_error),
+            dense=dense,
+            state=ImplicitState(f=field.unravel(ks[-1]), cache=on_accept, eta=eta),
+            state_on_reject=ImplicitState(
+                f=state.f, cache=on_reject, eta=jnp.where(failed, 1.0, eta).astype(eta.dtype)
+            ),
+            failed=failed,
+            num_jacobian_evals=prepared.num_jacobian_evals,
+            num_lu_factorisations=prepared.num_lu_factorisations,
+        )
+
+
+def with_newton_tolerances(stepper: AbstractStepper, rtol: float, atol: float) -> AbstractStepper:
+    """`stepper` with its Newton method's unset tolerances taken from `rtol` and `atol` (those of
+    the solve); any other stepper unchanged."""
+    if not isinstance(stepper, AbstractESDIRK):
+        return stepper
+    return dataclasses.replace(stepper, newton=stepper.newton.with_tolerances(rtol, atol))

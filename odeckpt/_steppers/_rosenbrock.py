@@ -1,0 +1,314 @@
+"""Rosenbrock (linearly implicit) methods, and Rodas5 with its dense output."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+
+from .._newton import FlatField, Jacobian
+from .._types import Args, Scalar, VectorField, Y
+from ._base import AbstractStepper, Step
+from ._explicit_rk import _combine, _stage_time
+from ._tableau import _frozen
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RosenbrockTableau:
+    """The coefficients of a Rosenbrock method in Hairer and Wanner's transformed form
+    (*Solving ODEs II*, Sec. IV.7, eq. (7.4')): with `h = t1 - t0`, `J = df/dy(t0, y0)` and
+    `f_t = df/dt(t0, y0)`, the stage increments solve
+
+    `(I / (h gamma) - J) u_i = f(t0 + c_i h, y0 + sum_{j<i} a_ij u_j) + d_i h f_t
+    + sum_{j<i} (C_ij / h) u_j`,
+
+    then `y1 = y0 + sum_i m_i u_i` and the error estimate is `sum_i e_i u_i`. The dense output
+    is `y(theta) = (1 - theta) y0 + theta (y1 + (1 - theta) (K_1 + theta (K_2 + theta K_3)))`
+    with `K_r = sum_i dense[r, i] u_i`.
+
+    **Arguments:** `a`, `C` (`(s, s)`, strictly lower triangular), `gamma`, `c`, `d`, `m`,
+    `e` (`(s,)`), `dense` (`(3, s)`). (In the transformed form `c_i` is not the row sum of `a`,
+    so it is given.) `ValueError` names the violated condition.
+    """
+
+    a: np.ndarray
+    C: np.ndarray
+    gamma: float
+    c: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+    e: np.ndarray
+    dense: np.ndarray
+
+    num_stages: int = dataclasses.field(init=False)
+    dense_powers: np.ndarray = dataclasses.field(init=False)
+    """`(4, s)` weights over the increments of `theta^1..theta^4`, without the `y0` terms."""
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        a, big_c = _frozen(self.a, "a", 2), _frozen(self.C, "C", 2)
+        c, d, m, e = (_frozen(getattr(self, n), n, 1) for n in ("c", "d", "m", "e"))
+        dense = _frozen(self.dense, "dense", 2)
+        s = c.shape[0]
+        if a.shape != (s, s) or big_c.shape != (s, s) or dense.shape != (3, s):
+            raise ValueError("Shapes must be a, C: (s, s); c, d, m, e: (s,); dense: (3, s).")
+        if any(x.shape != (s,) for x in (d, m, e)):
+            raise ValueError(f"`d`, `m` and `e` must have shape ({s},).")
+        if np.any(np.triu(a) != 0) or np.any(np.triu(big_c) != 0):
+            raise ValueError("`a` and `C` must be strictly lower triangular.")
+        if c[0] != 0 or np.any((c < 0) | (c > 1)):
+            raise ValueError("Stage nodes `c` must lie in [0, 1] with c_1 = 0.")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma={self.gamma} must be positive.")
+        k1, k2, k3 = dense
+        # (1 - th) y0 + th (y1 + (1 - th)(K1 + th K2 + th^2 K3)), with y1 - y0 = sum m_i u_i.
+        powers = np.stack([m + k1, k2 - k1, k3 - k2, -k3])
+        powers.flags.writeable = False
+        for name, value in (("a", a), ("C", big_c), ("c", c), ("d", d), ("m", m), ("e", e)):
+            set_(name, value)
+        set_("dense", dense)
+        set_("num_stages", s)
+        set_("dense_powers", powers)
+
+
+class AbstractRosenbrock(AbstractStepper):
+    """A Rosenbrock method given by its `RosenbrockTableau`: no Newton iteration, one
+    Jacobian, one `df/dt` (a Jacobian-vector product) and one LU factorisation of
+    `I - h gamma J` per step, and one linear solve per stage. The Jacobian must be exact at
+    `(t0, y0)` for the method's order, so it is evaluated at every step, and gradients
+    differentiate through it (second derivatives of `f`).
+
+    The state carried between steps is `f(t1, y1)`, the next step's first stage.
+    """
+
+    tableau: eqx.AbstractClassVar[RosenbrockTableau]
+    jac: eqx.AbstractVar[Callable | None]
+
+    def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
+        """**Returns:** `f(t0, y0, args)`, the first stage of the first step."""
+        return f(t0, y0, args)
+
+    def pack_state(self, state: Y) -> None:
+        """Checkpoints keep nothing of the state: `f(t, y)` is recomputed on restore."""
+        del state
+
+    def unpack_state(self, f: VectorField, t: Scalar, y: Y, args: Args, packed: None) -> Y:
+        """**Returns:** `f(t, y, args)`, the state `step` left at `(t, y)`."""
+        del packed
+        return self.init(f, t, y, args)
+
+    def step(self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: Y) -> Step:
+        """Attempt one step from `(t0, y0)` to `t1` (`t1 < t0` integrates backwards).
+
+        **Returns:** a `Step` with `y1`, the embedded error estimate, the method's dense output
+        (degree 4 in `theta`), the new state `f(t1, y1)`, one Jacobian evaluation and one LU
+        factorisation.
+        """
+        tableau = self.tableau
+        t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
+        h = t1 - t0
+        field, y0_flat = FlatField.make(f, t0, y0, args)
+        jacobian = Jacobian(self.jac)(field, t0, y0_flat, args)
+        f_t = jax.jvp(lambda t: field(t, y0_flat, args), (t0,), (jnp.ones_like(t0),))[1]
+        hg = jnp.asarray(h * tableau.gamma, y0_flat.dtype)
+        identity = jnp.eye(y0_flat.shape[0], dtype=y0_flat.dtype)
+        operator = lx.MatrixLinearOperator(identity - hg * jacobian)
+        solver = lx.LU()
+        factors = solver.init(operator, {})
+        # Both sides times h gamma: (I - h gamma J) u_i = h gamma (f_i + d_i h f_t) + gamma
+        # sum_j C_ij u_j, which has no 1/h (a zero-length step stays finite).
+        us = []
+        for i in range(tableau.num_stages):
+            if i == 0:
+                f_i = ravel(state)
+            else:
+                z_i = _combine(y0_flat, 1.0, tableau.a[i, :i], us)
+                f_i = field(_stage_time(t0, t1, h, tableau.c[i]), z_i, args)
+            rhs = hg * f_i
+            if tableau.d[i] != 0:
+                rhs = rhs + hg * jnp.asarray(tableau.d[i] * h, y0_flat.dtype) * f_t
+            if i > 0:
+                rhs = _combine(rhs, tableau.gamma, tableau.C[i, :i], us)
+            us.append(lx.linear_solve(operator, rhs, solver, state=factors, throw=False).value)
+        y1_flat = _combine(y0_flat, 1.0, tableau.m, us)
+        y_error = _combine(None, 1.0, tableau.e, us)
+        powers = [_combine(None, 1.0, w, us) for w in tableau.dense_powers]
+        dense = jax.vmap(field.unravel)(jnp.stack([y0_flat, *powers]))
+        y1 = field.unravel(y1_flat)
+        return Step(
+            y1=y1,
+            y_error=field.unravel(y_error),
+            dense=dense,
+            state=f(t1, y1, args),
+            num_jacobian_evals=jnp.ones((), jnp.int32),
+            num_lu_factorisations=jnp.ones((), jnp.int32),
+        )
+
+
+def ravel(tree: Y) -> jax.Array:
+    return jax.flatten_util.ravel_pytree(tree)[0]
+
+
+_A6 = [
+    -14.09640773051259,
+    6.925207756232704,
+    -41.47510893210728,
+    2.343771018586405,
+    24.13215229196062,
+]
+
+
+def _rows(rows: list[list[float]]) -> np.ndarray:
+    s = len(rows) + 1
+    out = np.zeros((s, s))
+    for i, row in enumerate(rows, start=1):
+        out[i, : len(row)] = row
+    return out
+
+
+_RODAS5 = RosenbrockTableau(
+    a=_rows(
+        [
+            [2.0],
+            [3.040894194418781, 1.041747909077569],
+            [2.576417536461461, 1.622083060776640, -0.9089668560264532],
+            [2.760842080225597, 1.446624659844071, -0.3036980084553738, 0.2877498600325443],
+            _A6,
+            [*_A6, 1.0],
+            [*_A6, 1.0, 1.0],
+        ]
+    ),
+    C=_rows(
+        [
+            [-10.31323885133993],
+            [-21.04823117650003, -7.234992135176716],
+            [32.22751541853323, -4.943732386540191, 19.44922031041879],
+            [-20.69865579590063, -8.816374604402768, 1.260436877740897, -0.7495647613787146],
+            [
+                -46.22004352711257,
+                -17.49534862857472,
+                -289.6389582892057,
+                93.60855400400906,
+                318.3822534212147,
+            ],
+            [
+                34.20013733472935,
+                -14.15535402717690,
+                57.82335640988400,
+                25.83362985412365,
+                1.408950972071624,
+                -6.551835421242162,
+            ],
+            [
+                42.57076742291101,
+                -13.80770672017997,
+                93.98938432427124,
+                18.77919633714503,
+                -31.58359187223370,
+                -6.685968952921985,
+                -5.810979938412932,
+            ],
+        ]
+    ),
+    gamma=0.19,
+    c=np.array(
+        [0.0, 0.38, 0.3878509998321533, 0.4839718937873840, 0.4570477008819580, 1.0, 1.0, 1.0]
+    ),
+    d=np.array(
+        [
+            0.19,
+            -0.1823079225333714636,
+            -0.319231832186874912,
+            0.3449828624725343,
+            -0.377417564392089818,
+            0.0,
+            0.0,
+            0.0,
+        ]
+    ),
+    m=np.array([*_A6, 1.0, 1.0, 1.0]),
+    e=np.eye(8)[7],
+    dense=np.array(
+        [
+            [
+                27.354592673333357,
+                -6.925207756232857,
+                26.40037733258859,
+                0.5635230501052979,
+                -4.699151156849391,
+                -1.6008677469422725,
+                -1.5306074446748028,
+                -1.3929872940716344,
+            ],
+            [
+                44.19024239501722,
+                1.3677947663381929e-13,
+                202.93261852171622,
+                -35.5669339789154,
+                -181.91095152160645,
+                3.4116351403665033,
+                2.5793540257308067,
+                2.2435122582734066,
+            ],
+            [
+                -44.0988150021747,
+                -5.755396159656812e-13,
+                -181.26175034586677,
+                56.99302194811676,
+                183.21182741427398,
+                -7.480257918273637,
+                -5.792426076169686,
+                -5.32503859794143,
+            ],
+        ]
+    ),
+)
+
+
+class Rodas5(AbstractRosenbrock):
+    """Rodas5: a stiffly accurate Rosenbrock method of order 5 with an embedded order-4 error
+    estimate, eight stages, and its own continuous extension (degree 4 in `theta`). L-stable;
+    one Jacobian and one LU factorisation per step, no Newton iteration (so no convergence
+    failures). Often the fastest choice for small and medium stiff systems at moderate to tight
+    tolerances; it needs an exact Jacobian at every step.
+
+    **Arguments:**
+
+    - `jac`: optional `jac(t, y, args) -> (n, n)` Jacobian of `f` with respect to the raveled
+        state; `None` uses `jax.jacfwd`. It must be exact (Rosenbrock methods lose their order
+        with an approximate Jacobian).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def van_der_pol(t, y, mu):
+        return jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])
+
+    sol = odeckpt.solve(van_der_pol, jnp.array([2.0, 0.0]), (0.0, 2.0), args=1000.0,
+                        solver=odeckpt.Rodas5(), rtol=1e-6, atol=1e-6)
+    ```
+
+    **References:** G. A. Di Marzo, "RODAS5(4) -- Méthodes de Rosenbrock d'ordre 5(4) adaptées
+    aux problèmes différentiels-algébriques", MSc thesis, Univ. Geneva (1993) (coefficients and
+    dense output); Hairer & Wanner, *Solving ODEs II*, Sec. IV.7 (the transformed formulation).
+    """
+
+    jac: Callable | None = None
+
+    tableau: ClassVar[RosenbrockTableau] = _RODAS5
+    name: ClassVar[str] = "rodas5"
+    order: ClassVar[int] = 5
+    error_order: ClassVar[int | None] = 4
+    fn_evals_per_step: ClassVar[int] = 8
+    dense_degree: ClassVar[int] = 4
+
+    def __check_init__(self):
+        if self.jac is not None and not callable(self.jac):
+            raise TypeError(f"Rodas5(jac={self.jac!r}) must be a function `jac(t, y, args)`.")

@@ -1,0 +1,412 @@
+"""Implicit (ESDIRK) and Rosenbrock steppers: orders, stiff reference problems, Jacobian reuse,
+Newton failures, and derivatives through implicit stages with every adjoint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+from problems import (
+    ROBERTSON,
+    STIFF_REFERENCES,
+    STIFF_VAN_DER_POL,
+    radau_reference,
+    robertson,
+    robertson_jacobian,
+)
+from test_steppers import exact, fixed_step_solve, slope, vector_field
+
+import odeckpt
+from odeckpt._steppers import (
+    STEPPERS,
+    AbstractESDIRK,
+    AbstractRosenbrock,
+    ESDIRKTableau,
+    with_newton_tolerances,
+)
+
+# name: (class, order, error_order, dense_degree), written out from the methods' definitions.
+EXPECTED = {
+    "implicit_euler": (odeckpt.ImplicitEuler, 1, 2, 3),
+    "trapezoid": (odeckpt.Trapezoid, 2, 1, 3),
+    "kvaerno3": (odeckpt.Kvaerno3, 3, 2, 3),
+    "kvaerno4": (odeckpt.Kvaerno4, 4, 3, 3),
+    "kvaerno5": (odeckpt.Kvaerno5, 5, 4, 3),
+    "rodas5": (odeckpt.Rodas5, 5, 4, 4),
+}
+NAMES = list(EXPECTED)
+NUM_STEPS = {
+    "implicit_euler": (64, 128, 256, 512, 1024),
+    "trapezoid": (16, 32, 64, 128, 256),
+    "kvaerno3": (16, 24, 32, 48, 64),
+    "kvaerno4": (12, 16, 24, 32, 48),
+    "kvaerno5": (8, 10, 12, 16, 20),
+    "rodas5": (8, 10, 12, 16, 20),
+}
+
+
+def slow_unless(names, fast):
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+def test_registry_and_class_attributes():
+    for name, (cls, order, error_order, degree) in EXPECTED.items():
+        assert STEPPERS[name] is cls and cls.name == name
+        assert issubclass(cls, AbstractRosenbrock if name == "rodas5" else AbstractESDIRK)
+        assert (cls.order, cls.error_order, cls.dense_degree) == (order, error_order, degree)
+    assert isinstance(odeckpt.Kvaerno5().newton, odeckpt.Newton)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(a=[[0.1, 0.0], [0.5, 0.5]], c=[0.1, 1.0]), "diagonal"),
+        (dict(c=[0.0, 0.9]), "c_i must equal"),
+        (dict(b_error=[0.5, 0.6]), "sum\\(b_error\\)"),
+        (dict(predictor=[[0.0, 0.0], [0.5, 0.0]]), "predictor"),
+        (dict(a=[[0.0, 0.0], [0.4, 0.5]], c=[0.0, 0.9]), "sum to 1"),
+    ],
+)
+def test_esdirk_tableau_rejects_bad_data(change, message):
+    good = dict(
+        a=[[0.0, 0.0], [0.5, 0.5]], c=[0.0, 1.0], b_error=[-0.5, 0.5], predictor=[[0, 0], [1, 0]]
+    )
+    ESDIRKTableau(**good)
+    with pytest.raises(ValueError, match=message):
+        ESDIRKTableau(**{**good, **change})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_global_convergence_order(name):
+    # Newton converged far below the discretisation error, so the slope is the method's.
+    stepper = with_newton_tolerances(STEPPERS[name](), 1e-13, 1e-13)
+    num_steps = NUM_STEPS[name]
+    y1 = fixed_step_solve(stepper, vector_field, 0.0, 1.0, exact(0.0), num_steps)
+    errors = jnp.linalg.norm(y1 - exact(1.0)[None], axis=-1)
+    assert np.all(errors > 1e-12), errors
+    assert slope(1 / np.asarray(num_steps), errors) == pytest.approx(stepper.order, abs=0.2)
+
+
+def _solve(problem, t1, solver, rtol, atol, **kwargs):
+    return odeckpt.solve(
+        problem["f"],
+        jnp.asarray(problem["y0"]),
+        (0.0, t1),
+        args=jnp.asarray(problem["args"]),
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=20000,
+        **kwargs,
+    )
+
+
+def _assert_within(y, reference, rtol, atol):
+    error = np.abs(np.asarray(y) - reference)
+    assert np.all(error <= rtol * np.abs(reference) + atol), (y, reference, error)
+
+
+@pytest.mark.parametrize(
+    "solver, t1",
+    [
+        ("kvaerno5", 1e5),
+        ("rodas5", 1e5),
+        ("rodas5", 1e11),
+        pytest.param("kvaerno5", 1e11, marks=pytest.mark.slow),
+        pytest.param("kvaerno3", 1e5, marks=pytest.mark.slow),
+        pytest.param("kvaerno4", 1e5, marks=pytest.mark.slow),
+    ],
+)
+def test_robertson_against_radau(solver, t1):
+    sol = _solve(ROBERTSON, t1, solver, rtol=1e-8, atol=1e-14)
+    # Global errors of an adaptive solve are a modest multiple of the tolerance.
+    _assert_within(sol.ys[-1], STIFF_REFERENCES[("robertson", t1)], rtol=1e-6, atol=1e-13)
+    # The Jacobian is reused across steps (Rodas5 needs a fresh one every step).
+    assert 0 < sol.stats.num_jacobian_evals <= sol.stats.num_steps
+    if solver != "rodas5":
+        assert sol.stats.num_jacobian_evals < sol.stats.num_steps / 2
+
+
+@pytest.mark.parametrize("solver", slow_unless(["rodas5", "kvaerno5"], fast={"rodas5"}))
+def test_van_der_pol_against_radau(solver):
+    sol = _solve(STIFF_VAN_DER_POL, 3000.0, solver, rtol=1e-8, atol=1e-10)
+    _assert_within(sol.ys[-1], STIFF_REFERENCES[("van_der_pol", 3000.0)], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(STIFF_REFERENCES))
+def test_stored_references(key):
+    name, t1 = key
+    problem = ROBERTSON if name == "robertson" else STIFF_VAN_DER_POL
+    np.testing.assert_allclose(STIFF_REFERENCES[key], radau_reference(problem, t1), rtol=1e-9)
+
+
+# A stiff linear system with a known solution: y' = A (y - g(t)) + g'(t), whose solution is
+# y(t) = g(t) + expm(A t) (y0 - g(0)); A has eigenvalues -1 and -1e4.
+_P = np.array([[1.0, 1.0], [1.0, -1.0]]) / np.sqrt(2)
+_A = _P @ np.diag([-1.0, -1e4]) @ _P.T
+
+
+def _forced_linear(t, y, a):
+    g = jnp.stack([jnp.sin(t), jnp.cos(t)])
+    dg = jnp.stack([jnp.cos(t), -jnp.sin(t)])
+    return a @ (y - g) + dg
+
+
+def _forced_linear_exact(t, y0):
+    g = lambda t: np.array([np.sin(t), np.cos(t)])
+    return g(t) + scipy.linalg.expm(_A * t) @ (y0 - g(0.0))
+
+
+@pytest.mark.parametrize(
+    "solver, rtol, bound",
+    [
+        ("implicit_euler", 1e-4, 1e-2),
+        ("trapezoid", 1e-5, 1e-3),
+        # These three are also solved adaptively on the stiff problems above and below.
+        pytest.param("kvaerno3", 1e-6, 1e-4, marks=pytest.mark.slow),
+        ("kvaerno4", 1e-7, 1e-5),
+        pytest.param("kvaerno5", 1e-8, 1e-6, marks=pytest.mark.slow),
+        pytest.param("rodas5", 1e-8, 1e-6, marks=pytest.mark.slow),
+    ],
+)
+def test_stiff_linear_known_solution(solver, rtol, bound):
+    y0 = np.array([2.0, -1.0])
+    sol = odeckpt.solve(
+        _forced_linear, jnp.asarray(y0), (0.0, 2.0), args=jnp.asarray(_A), solver=solver,
+        rtol=rtol, atol=rtol, max_steps=20000,
+    )  # fmt: skip
+    error = np.max(np.abs(np.asarray(sol.ys[-1]) - _forced_linear_exact(2.0, y0)))
+    assert error < bound
+    # Stiff, yet far fewer steps than an explicit method's stability limit (2.8e-4 for Tsit5).
+    assert sol.stats.num_steps < 2000
+
+
+# ------------------------------------------------------------------------------- derivatives
+
+_K = jnp.array([0.04, 3e7, 1e4])
+
+
+def _robertson_final(k, adjoint, solver="kvaerno5", t1=10.0, **kwargs):
+    # Low-order methods would need far more than `max_steps` steps at the others' tolerance.
+    tol = 1e-9 if STEPPERS[solver].order >= 3 else 1e-5
+    return odeckpt.solve(
+        robertson, jnp.array([1.0, 0.0, 0.0]), (0.0, t1), args=k, solver=solver,
+        adjoint=adjoint, rtol=tol, atol=1e-4 * tol, max_steps=2000, **kwargs,
+    ).ys[-1]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def direct_jacobian():
+    """d y(t1) / d k of Robertson by `DirectAdjoint` (reverse mode), scaled by k."""
+    jac = jax.jit(jax.jacrev(_robertson_final), static_argnums=1)(_K, odeckpt.DirectAdjoint())
+    return np.asarray(jac)
+
+
+def _assert_rows_close(a, b, rtol):
+    scale = np.max(np.abs(b * np.asarray(_K)), axis=1, keepdims=True)
+    error = np.abs((a - b) * np.asarray(_K))
+    assert np.all(error <= rtol * scale), (a, b)
+
+
+def test_recursive_equals_direct_through_implicit_stages(direct_jacobian):
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=3)
+    recursive = jax.jit(jax.jacrev(_robertson_final), static_argnums=1)(_K, adjoint)
+    _assert_rows_close(np.asarray(recursive), direct_jacobian, 1e-9)
+
+
+def test_forward_mode_equals_reverse_mode(direct_jacobian):
+    forward = jax.jit(jax.jacfwd(_robertson_final), static_argnums=1)(_K, odeckpt.ForwardMode())
+    _assert_rows_close(np.asarray(forward), direct_jacobian, 1e-9)
+
+
+def test_gradient_equals_central_differences(direct_jacobian):
+    final = jax.jit(_robertson_final, static_argnums=1)
+    columns = []
+    for i in range(3):
+        # Large enough to step over the noise of the controller's and Newton's discrete
+        # decisions (eps = 1e-5 K sees 7e-4 relative noise in the fast species), small enough
+        # that the O(eps^2) truncation error stays below 1e-6.
+        eps = 1e-3 * _K[i]
+        plus = final(_K.at[i].add(eps), odeckpt.DirectAdjoint())
+        minus = final(_K.at[i].add(-eps), odeckpt.DirectAdjoint())
+        columns.append((plus - minus) / (2 * eps))
+    # Finite differences also see the step sizes move (the gradient holds them fixed, as in
+    # every discrete adjoint), so they agree to far less than rounding: measured 7e-6 relative
+    # for the fast species y2, 2e-7 for the others.
+    _assert_rows_close(np.stack(columns, axis=1), direct_jacobian, 1e-4)
+
+
+_UNEXPLAINED = pytest.mark.xfail(
+    strict=True,
+    reason="Differs from DirectAdjoint by ~1e-6 relative (ForwardMode agrees with Direct to "
+    "1e-15): the engine's checkpointed per-step VJP differs from its stored-residual one for "
+    "these two-stage methods, also at --xla_backend_optimization_level=0 and with a snapshot "
+    "of every step. Not yet explained; the Kvaerno methods agree exactly.",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "solver",
+    [
+        "kvaerno3",
+        "kvaerno4",
+        pytest.param("implicit_euler", marks=_UNEXPLAINED),
+        pytest.param("trapezoid", marks=_UNEXPLAINED),
+    ],
+)
+def test_recursive_equals_direct_other_esdirks(solver):
+    jac = lambda adjoint: jax.jit(jax.jacrev(_robertson_final), static_argnums=(1, 2))(
+        _K, adjoint, solver
+    )
+    direct = np.asarray(jac(odeckpt.DirectAdjoint()))
+    recursive = np.asarray(jac(odeckpt.RecursiveCheckpointAdjoint(checkpoints=4)))
+    _assert_rows_close(recursive, direct, 1e-9)
+
+
+@pytest.mark.slow
+def test_rodas5_derivatives_constant_steps():
+    # Small constant steps: a Rosenbrock method is only linearly implicit, and Robertson's
+    # initial transient makes it blow up at dt0 = 0.05.
+    kwargs = dict(solver="rodas5", controller=odeckpt.ConstantStep(), dt0=1e-3, t1=0.1)
+    final = lambda k, adjoint: _robertson_final(k, adjoint, **kwargs)
+    direct = np.asarray(jax.jit(jax.jacrev(final), static_argnums=1)(_K, odeckpt.DirectAdjoint()))
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=3)
+    recursive = np.asarray(jax.jit(jax.jacrev(final), static_argnums=1)(_K, adjoint))
+    forward = np.asarray(jax.jit(jax.jacfwd(final), static_argnums=1)(_K, odeckpt.ForwardMode()))
+    _assert_rows_close(recursive, direct, 1e-9)
+    _assert_rows_close(forward, direct, 1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="Rodas5's error estimate has a rounding-noise floor that XLA's differently optimised "
+    "recomputation in the reverse sweep amplifies into different step sizes, so the "
+    "checkpointing engine recomputes a different trajectory (exact at "
+    "--xla_backend_optimization_level=0). Needs bitwise-reproducible recomputation.",
+)
+def test_rodas5_recursive_equals_direct_adaptive():
+    final = lambda k, adjoint: _robertson_final(k, adjoint, solver="rodas5")
+    direct = np.asarray(jax.jit(jax.jacrev(final), static_argnums=1)(_K, odeckpt.DirectAdjoint()))
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=3)
+    recursive = np.asarray(jax.jit(jax.jacrev(final), static_argnums=1)(_K, adjoint))
+    _assert_rows_close(recursive, direct, 1e-9)
+
+
+def _decay_rates_loss(rates, adjoint):
+    # Stiff linear kinetics with rate constants `rates` (eigenvalues of the system).
+    a = jnp.asarray(_P) @ jnp.diag(-rates) @ jnp.asarray(_P.T)
+    sol = odeckpt.solve(
+        lambda t, y, a: a @ y, jnp.array([1.0, 2.0]), (0.0, 2.0), args=a, solver="kvaerno5",
+        adjoint=adjoint, rtol=1e-8, atol=1e-10, max_steps=20000,
+    )  # fmt: skip
+    return jnp.sum(sol.ys[-1])
+
+
+@pytest.mark.slow
+def test_backsolve_with_implicit_backward_solver():
+    rates = jnp.array([1.0, 100.0])
+    grad = jax.jit(jax.grad(_decay_rates_loss), static_argnums=1)
+    direct = np.asarray(grad(rates, odeckpt.DirectAdjoint()))
+    backsolve = np.asarray(grad(rates, odeckpt.BacksolveAdjoint(checkpoints=16)))
+    # The continuous adjoint is accurate to the backward solve's tolerance, not to rounding.
+    np.testing.assert_allclose(backsolve, direct, rtol=0, atol=1e-5 * np.max(np.abs(direct)))
+
+
+# ---------------------------------------------------------------------------- Newton method
+
+
+@pytest.mark.slow
+def test_jacobian_is_reused_and_user_jac_matches():
+    automatic = _solve(ROBERTSON, 1e5, "kvaerno5", rtol=1e-6, atol=1e-12)
+    user = _solve(ROBERTSON, 1e5, odeckpt.Kvaerno5(jac=robertson_jacobian), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(user.ys[-1], automatic.ys[-1], rtol=1e-10, atol=1e-16)
+    stats = automatic.stats
+    assert stats.num_jacobian_evals < stats.num_steps / 2
+    assert stats.num_lu_factorisations <= stats.num_steps
+
+
+def test_newton_failure_with_constant_steps_is_a_status_and_an_error():
+    solver = odeckpt.Kvaerno5(newton=odeckpt.Newton(max_iters=1))
+    kwargs = dict(controller=odeckpt.ConstantStep(), dt0=10.0)
+    sol = _solve(ROBERTSON, 40.0, solver, rtol=1e-8, atol=1e-12, throw=False, **kwargs)
+    assert sol.status == odeckpt.Status.newton_failed
+    assert sol.stats.num_accepted_steps == 0
+    with pytest.raises(Exception, match="Newton iteration .* did not converge.*Fix"):
+        _solve(ROBERTSON, 40.0, solver, rtol=1e-8, atol=1e-12, **kwargs).ys.block_until_ready()
+
+
+def test_newton_failure_when_no_step_converges():
+    # A vector field that cannot be evaluated past t = 1: every implicit stage beyond it fails
+    # to converge, so the step halves until it underflows, and the solve reports why.
+    def f(t, y, args):
+        return jnp.where(t <= 1, -y, jnp.nan)
+
+    sol = odeckpt.solve(f, jnp.array([1.0]), (0.0, 2.0), solver="kvaerno3", throw=False)
+    assert sol.status == odeckpt.Status.newton_failed
+    assert sol.stats.num_rejected_steps > 10
+    assert 0.9 < sol.ts[-1] <= 1.0
+
+
+def _heat(t, u, args):
+    return 50.0 * (jnp.roll(u, 1) - 2 * u + jnp.roll(u, -1)) - u**3
+
+
+def _heat_solve(u0, newton, adjoint="recursive"):
+    solver = odeckpt.Kvaerno3(newton=newton)
+    return odeckpt.solve(_heat, u0, (0.0, 0.2), solver=solver, rtol=1e-7, atol=1e-9,
+                         adjoint=adjoint)  # fmt: skip
+
+
+_U0 = jnp.sin(jnp.linspace(0.0, 2 * np.pi, 24, endpoint=False))
+
+
+def test_newton_krylov_matches_dense_newton():
+    solve = jax.jit(_heat_solve, static_argnums=1)
+    dense, krylov = solve(_U0, odeckpt.Newton()), solve(_U0, odeckpt.NewtonKrylov())
+    np.testing.assert_allclose(krylov.ys[-1], dense.ys[-1], rtol=0, atol=1e-6)
+    assert krylov.stats.num_lu_factorisations == 0 < dense.stats.num_lu_factorisations
+    # Dense Newton reuses its Jacobian; Newton-Krylov linearises once per step instead.
+    assert dense.stats.num_jacobian_evals < krylov.stats.num_jacobian_evals
+
+
+@pytest.mark.slow
+def test_newton_krylov_gradient_matches_dense_newton():
+    loss = lambda u0, newton: jnp.sum(_heat_solve(u0, newton, "direct").ys[-1] ** 2)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    g_dense, g_krylov = grad(_U0, odeckpt.Newton()), grad(_U0, odeckpt.NewtonKrylov())
+    np.testing.assert_allclose(g_krylov, g_dense, rtol=0, atol=1e-6 * np.max(np.abs(g_dense)))
+
+
+def test_float32_and_vmap():
+    k32 = _K.astype(jnp.float32)
+    y0 = jnp.array([1.0, 0.0, 0.0], jnp.float32)
+
+    def final(k):
+        sol = odeckpt.solve(robertson, y0, (0.0, 40.0), args=k, solver="kvaerno3", rtol=1e-4,
+                            atol=1e-7)  # fmt: skip
+        return sol.ys[-1]
+
+    batch = jax.jit(jax.vmap(final))(jnp.stack([k32, k32 * 1.5]))
+    assert batch.dtype == jnp.float32
+    reference = radau_reference(dict(ROBERTSON, args=np.asarray(_K) * 1.5), 40.0)
+    _assert_within(batch[1], reference, rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(batch[0], jax.jit(final)(k32), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_configuration_raises_with_the_fix():
+    with pytest.raises(ValueError, match="Newton-Krylov never forms the Jacobian.*Fix"):
+        odeckpt.Kvaerno5(jac=robertson_jacobian, newton=odeckpt.NewtonKrylov())
+    with pytest.raises(TypeError, match="not a Newton method.*Fix"):
+        odeckpt.Kvaerno3(newton="chord")
+    with pytest.raises(ValueError, match="kappa"):
+        odeckpt.Newton(kappa=2.0)
+    with pytest.raises(ValueError, match="max_iters"):
+        odeckpt.NewtonKrylov(max_iters=0)
+    with pytest.raises(ValueError, match=r"must return \(3, 3\).*Fix"):
+        _solve(ROBERTSON, 1.0, odeckpt.Kvaerno5(jac=lambda t, y, k: jnp.eye(2)), 1e-6, 1e-9)
