@@ -7,9 +7,11 @@ import jax
 import jax.numpy as jnp
 
 from ._integrate import Loop, LoopState, apply_writes
-from ._types import Y
-from .checkpointing import bounded_while_loop, parse_memory
+from ._types import IntScalar, Y
+from .checkpointing import bounded_while_loop, parse_memory, while_loop_plan
+from .checkpointing._cost import recomputed_steps
 from .checkpointing._linear import linear_call
+from .checkpointing.schedules import offline_schedule, online_schedule
 
 _UNBOUNDED = 2**62
 """A memory budget that always admits the residuals regime: store every step's VJP residuals."""
@@ -18,6 +20,13 @@ _UNBOUNDED = 2**62
 class AbstractAdjoint(eqx.Module):
     """Runs the integration loop. Each adjoint picks the loop runner that gives its kind of
     derivative; the loop itself (`Loop.cond`, `Loop.body`) is the same for all of them.
+
+    **Example:**
+
+    ```python
+    adjoint: odeckpt.AbstractAdjoint = odeckpt.DirectAdjoint()  # or "direct", "recursive"
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint)
+    ```
     """
 
     @abc.abstractmethod
@@ -27,32 +36,63 @@ class AbstractAdjoint(eqx.Module):
         """Run `loop` from `state` until `loop.cond` is false or `loop.max_steps` steps have been
         taken; return the final state and the filled output buffers."""
 
+    def gradient_stats(
+        self, loop: Loop, state: LoopState, outputs: tuple[Y, ...], num_steps: IntScalar
+    ) -> tuple[int, IntScalar]:
+        """What reverse-mode differentiation of the run from `state` does once the loop has
+        taken `num_steps` steps: the snapshot slots it keeps and the steps it recomputes
+        (`0, 0` for an adjoint that recomputes nothing)."""
+        del loop, state, outputs, num_steps
+        return 0, jnp.zeros((), jnp.int32)
+
 
 def _checkpointed(
-    loop: Loop, state: LoopState, outputs: tuple[Y, ...], max_steps: int, **plan
+    loop: Loop, state: LoopState, outputs: tuple[Y, ...], **plan
 ) -> tuple[LoopState, tuple[Y, ...]]:
     """`loop` run by the checkpointing engine's `bounded_while_loop` with the given plan."""
+    body, kwargs = _engine_form(loop, outputs, plan)
     if not outputs:
-        body = lambda s: loop.body(s)[0]
-        final = bounded_while_loop(loop.cond, body, state, max_steps=max_steps, **plan)
-        return final, outputs
+        return bounded_while_loop(loop.cond, body, state, **kwargs), outputs
+    final, outputs = bounded_while_loop(loop.cond, body, state, **kwargs)
+    return final, tuple(outputs)
+
+
+def _checkpointed_stats(
+    loop: Loop, state: LoopState, outputs: tuple[Y, ...], num_steps: IntScalar, **plan
+) -> tuple[int, IntScalar]:
+    """Snapshot slots and recomputed steps of `_checkpointed`'s reverse sweep after
+    `num_steps` steps."""
+    body, kwargs = _engine_form(loop, outputs, plan)
+    the_plan = while_loop_plan(loop.cond, body, state, **kwargs)
+    if the_plan.regime == "residuals":
+        return 0, jnp.zeros((), jnp.int32)
+    c = the_plan.checkpoints
+    schedule = (online_schedule if the_plan.online else offline_schedule)(the_plan.steps, c)
+    return c, recomputed_steps(schedule, num_steps)
+
+
+def _engine_form(loop: Loop, outputs: tuple[Y, ...], plan: dict):
+    """The body and keyword arguments `bounded_while_loop` takes for `loop`."""
+    kwargs = dict(plan)
+    if not outputs:
+        return lambda s: loop.body(s)[0], kwargs
     # Output groups have different lengths: the engine takes them as a list of groups.
     body = lambda s: (lambda new, writes: (new, list(writes)))(*loop.body(s))
-    final, outputs = bounded_while_loop(
-        loop.cond, body, state, max_steps=max_steps, outputs=list(outputs), **plan
-    )
-    return final, tuple(outputs)
+    return body, dict(kwargs, outputs=list(outputs))
 
 
 class RecursiveCheckpointAdjoint(AbstractAdjoint):
     """Reverse mode by recursive (binomial) checkpointing: the default.
 
     The loop keeps `checkpoints` snapshots of the step state (time, state, step size,
-    controller state; never the saved outputs) and recomputes the rest in the backward pass
-    with the optimal number of recomputations: the online schedule of Stumm & Walther (2010)
-    for adaptive steps. With neither argument, the engine's default rule applies: store every
-    step's VJP residuals when they fit a default budget (fastest), else every state, else
-    binomial checkpointing (see `odeckpt.checkpointing`). Also supports `jax.jvp`/`jacfwd`.
+    controller state, stepper state; never the saved outputs) and recomputes the rest in the
+    backward pass with the optimal number of recomputations: the online schedule of Stumm &
+    Walther (2010) for adaptive steps, the offline Revolve schedule for constant steps (whose
+    count is known before the solve). With neither argument, adaptive solves keep the fewest
+    `c` with `C(c+2, 2) >= max_steps` (each step recomputed at most twice), and constant-step
+    solves follow the engine's default rule (every step's VJP residuals when they fit a default
+    budget, else binomial checkpointing; see `odeckpt.checkpointing`). `sol.stats` reports
+    the snapshots and the recomputed steps. Also supports `jax.jvp`/`jacfwd`.
 
     **Arguments:**
 
@@ -93,13 +133,19 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
             parse_memory(self.memory_budget)
 
     def run(self, loop, state, outputs):
+        return _checkpointed(loop, state, outputs, **self._plan(loop))
+
+    def gradient_stats(self, loop, state, outputs, num_steps):
+        return _checkpointed_stats(loop, state, outputs, num_steps, **self._plan(loop))
+
+    def _plan(self, loop: Loop) -> dict:
         plan = dict(checkpoints=self.checkpoints, memory_budget=self.memory_budget)
         if loop.num_steps is not None:
             # Constant steps over a known span: the offline optimal schedule (one spare step
             # guards against the count being off by rounding; a finished loop skips it).
             max_steps = min(loop.num_steps + 1, loop.max_steps)
-            return _checkpointed(loop, state, outputs, max_steps, online=False, **plan)
-        return _checkpointed(loop, state, outputs, loop.max_steps, **plan)
+            return dict(plan, max_steps=max_steps, online=False)
+        return dict(plan, max_steps=loop.max_steps)
 
 
 class DirectAdjoint(AbstractAdjoint):
@@ -107,10 +153,20 @@ class DirectAdjoint(AbstractAdjoint):
     kept, so there is no recomputation, at memory `O(max_steps)` (whatever the number of steps
     actually taken). Fast for small states and short solves; also supports `jax.jvp`/`jacfwd`.
     For bounded memory use `RecursiveCheckpointAdjoint`.
+
+    **Example:**
+
+    ```python
+    adjoint = odeckpt.DirectAdjoint()  # memory grows with max_steps: keep it small
+    loss = lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint, max_steps=256).ys[-1].sum()
+    grad = jax.grad(loss)(y0)
+    ```
     """
 
     def run(self, loop, state, outputs):
-        return _checkpointed(loop, state, outputs, loop.max_steps, memory_budget=_UNBOUNDED)
+        return _checkpointed(
+            loop, state, outputs, max_steps=loop.max_steps, memory_budget=_UNBOUNDED
+        )
 
 
 class ForwardMode(AbstractAdjoint):
@@ -118,6 +174,13 @@ class ForwardMode(AbstractAdjoint):
     `lax.while_loop`, which JAX differentiates in forward mode at the cost of one extra tangent
     per step. The right choice for problems with few parameters; it stores nothing per step.
     Reverse mode (`jax.grad`) raises, naming the adjoints that support it.
+
+    **Example:**
+
+    ```python
+    final = lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=odeckpt.ForwardMode()).ys[-1]
+    jac = jax.jacfwd(final)(y0)
+    ```
     """
 
     def run(self, loop, state, outputs):

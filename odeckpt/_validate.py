@@ -66,7 +66,7 @@ def check_finite(y0: Y) -> None:
 
 def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
     """Raise unless `f(t, y, args)` returns the structure, shapes and dtypes of `y0`."""
-    out = jax.eval_shape(f, t0, y0, args)
+    out = eqx.filter_eval_shape(f, t0, y0, args)  # args may hold functions (an MLP activation)
     expected = jax.eval_shape(lambda: y0)
     if jax.tree.structure(out) != jax.tree.structure(expected):
         raise ValueError(

@@ -172,3 +172,40 @@ def test_forward_mode_rejects_reverse_mode_by_name():
 def test_bad_adjoint_configuration(kwargs, match):
     with pytest.raises(ValueError, match=match):
         odeckpt.RecursiveCheckpointAdjoint(**kwargs)
+
+
+def _stats_solve(adjoint, constant=False, max_steps=500):
+    f = lambda t, y, a: jnp.stack([y[1], -a * jnp.sin(y[0])])
+    step = dict(controller=odeckpt.ConstantStep(), dt0=0.05) if constant else {}
+    return odeckpt.solve(
+        f, jnp.array([1.0, 0.0]), (0.0, 6.0), 2.0, adjoint=adjoint, max_steps=max_steps, **step
+    ).stats
+
+
+@pytest.mark.parametrize("c", [2, 5, 40])
+def test_stats_report_the_reverse_sweep(c):
+    from odeckpt.checkpointing.schedules import offline_schedule, online_schedule, simulate
+
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=c)
+    # adaptive steps: the online schedule over max_steps, stopped at the steps taken
+    stats = _stats_solve(adjoint)
+    n = int(stats.num_steps)
+    expected = simulate(online_schedule(500, c), n).forward_steps - (n - 1)
+    assert int(stats.num_checkpoints) == c and int(stats.num_recomputed_steps) == expected
+    # constant steps: the offline schedule for the known count (plus its spare step)
+    stats = _stats_solve(adjoint, constant=True)
+    n = int(stats.num_steps)
+    expected = simulate(offline_schedule(n + 1, c), n).forward_steps - (n - 1)
+    assert int(stats.num_recomputed_steps) == expected
+    assert expected > 0 or c >= n
+
+
+def test_stats_of_the_other_adjoints():
+    for adjoint, checkpoints in (("direct", 0), ("forward", 0), (odeckpt.BacksolveAdjoint(), 0)):
+        stats = _stats_solve(adjoint)
+        assert int(stats.num_checkpoints) == checkpoints
+        assert int(stats.num_recomputed_steps) == 0
+    stats = _stats_solve(odeckpt.BacksolveAdjoint(checkpoints=4))
+    assert int(stats.num_checkpoints) == 4
+    # the default plan: the fewest c with C(c+2, 2) >= max_steps (C(32, 2) = 496 < 500)
+    assert int(_stats_solve("recursive").num_checkpoints) == 31
