@@ -6,7 +6,10 @@ import importlib
 import pytest
 
 MODULES = [
+    "odeckpt.checkpointing._checkpoint_layers",
+    "odeckpt.checkpointing._layers",
     "odeckpt.checkpointing._scan",
+    "odeckpt.checkpointing._stacking",
     "odeckpt.checkpointing._vmap",
     "odeckpt.checkpointing._while_loop",
     "odeckpt.checkpointing.schedules._binomial",

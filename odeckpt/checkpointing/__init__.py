@@ -1,4 +1,5 @@
-"""Checkpointed loops for JAX: `checkpointed_scan` and `bounded_while_loop`.
+"""Checkpointed loops for JAX: `checkpointed_scan`, `bounded_while_loop`, and layer stacks
+(`checkpoint_layers`, `checkpointed_layers`).
 
 `odeckpt.checkpointing.schedules` (pure Python, imported without JAX) plans the schedules; the
 loops here execute them. Members load lazily so that importing `schedules` does not import JAX.
@@ -10,6 +11,8 @@ from .._lazy import lazy_namespace
 
 if TYPE_CHECKING:
     from . import schedules as schedules
+    from ._checkpoint_layers import checkpoint_layers as checkpoint_layers
+    from ._layers import checkpointed_layers as checkpointed_layers
     from ._scan import checkpointed_scan as checkpointed_scan, scan_plan as scan_plan
     from ._vmap import any_lane as any_lane
     from ._while_loop import (
@@ -22,6 +25,8 @@ __all__ = [
     "Plan",
     "any_lane",
     "bounded_while_loop",
+    "checkpoint_layers",
+    "checkpointed_layers",
     "checkpointed_scan",
     "parse_memory",
     "scan_plan",
@@ -37,6 +42,8 @@ __getattr__, __dir__ = lazy_namespace(
         "bounded_while_loop": "._while_loop",
         "while_loop_plan": "._while_loop",
         "any_lane": "._vmap",
+        "checkpoint_layers": "._checkpoint_layers",
+        "checkpointed_layers": "._layers",
         "Plan": ".schedules",
         "parse_memory": ".schedules",
     },

@@ -128,7 +128,19 @@ def while_loop_plan(
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
 ) -> Plan:  # fmt: skip
-    """The `Plan` that `bounded_while_loop` with the same arguments follows."""
+    """The `Plan` that `bounded_while_loop` with the same arguments follows.
+
+    **Example:**
+
+    ```python
+    >>> body = lambda v: (v[0] * 1.1, v[1] + 1.0)
+    >>> cond = lambda v: v[1] < 10.0
+    >>> p = while_loop_plan(cond, body, (1.0, 0.0), max_steps=100, checkpoints=3)
+    >>> p.regime, p.checkpoints, p.online
+    ('binomial', 3, True)
+
+    ```
+    """
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
     _check_body(cond_fun, body_fun, init_val, outputs)

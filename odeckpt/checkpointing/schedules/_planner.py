@@ -78,6 +78,15 @@ class Plan:
     - `forward_steps`: predicted forward steps at `steps` (Revolve's convention, first sweep
         included); for online schedules exact up to `C(c+2, 2)` steps and at most `steps` more
         beyond (see `online_schedule`).
+
+    **Example:**
+
+    ```python
+    >>> p = plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB")
+    >>> p.regime, p.checkpoints, p.forward_steps
+    ('binomial', 16, 44015)
+
+    ```
     """
 
     regime: Regime
