@@ -1,0 +1,97 @@
+"""The examples run as scripts at their tiny size, write their plots, and hold their claims.
+
+Each example is a jupytext percent-format script that asserts its own claim at the end and
+writes `result.json` beside its plots; the checks here repeat the claims from that file. The
+examples compile many gradients (several seconds each on two shared CPU cores): the lax.scan
+report and Gray-Scott run in the default suite; the neural ODE, the stiff fit and the demo are
+`slow` (25-60 s of CPU time each at their tiny sizes).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+NOTEBOOKS = ["gray_scott", "neural_ode_spiral", "robertson_fit", "scan_memory"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_example_is_a_percent_format_notebook(name):
+    # jupytext reads `# %%` cells; a notebook opens on its title and reads its size switch.
+    source = (EXAMPLES / f"{name}.py").read_text()
+    assert source.startswith("# %% [markdown]\n# # ")
+    assert source.count("\n# %%\n") >= 3
+    assert 'os.environ.get("ODECKPT_EXAMPLE_SIZE", "full")' in source
+
+
+def run_example(name: str, output: Path) -> Path:
+    """Run `examples/<name>.py` at the tiny size; **returns** the folder of its plots."""
+    env = os.environ | {"ODECKPT_EXAMPLE_SIZE": "tiny", "ODECKPT_EXAMPLE_OUTPUT": str(output)}
+    env["MPLBACKEND"] = "Agg"
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py")], env=env, capture_output=True, text=True
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return output / name
+
+
+def plots_written(folder: Path, names: list[str]) -> None:
+    for name in names:
+        path = folder / name
+        assert path.stat().st_size > 10_000, path  # a real figure, not an empty canvas
+
+
+def test_scan_memory(tmp_path):
+    folder = run_example("scan_memory", tmp_path)
+    plots_written(folder, ["memory_vs_length.png"])
+    result = json.loads((folder / "result.json").read_text())
+    assert result["lax_scan_mib_per_step"] >= result["carry_mib"]
+    assert result["checkpointed_growth_mib"] < result["carry_mib"]
+
+
+def test_gray_scott(tmp_path):
+    folder = run_example("gray_scott", tmp_path)
+    plots_written(folder, ["pattern.png", "memory.png"])
+    result = json.loads((folder / "result.json").read_text())
+    by_steps = list(result["temp_mib_recursive_by_steps"].values())
+    assert max(by_steps) <= 1.1 * min(by_steps)
+    assert max(result["temp_mib_by_checkpoints"].values()) < result["temp_mib_direct"] / 4
+
+
+@pytest.mark.slow
+def test_neural_ode_spiral(tmp_path):
+    folder = run_example("neural_ode_spiral", tmp_path)
+    plots_written(folder, ["training.png", "adjoints.png"])
+    result = json.loads((folder / "result.json").read_text())
+    assert result["final_loss"] < result["initial_loss"]
+    assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
+
+
+@pytest.mark.slow
+def test_robertson_fit(tmp_path):
+    folder = run_example("robertson_fit", tmp_path)
+    plots_written(folder, ["fit.png"])
+    result = json.loads((folder / "result.json").read_text())
+    assert result["final_loss"] < result["initial_loss"]
+
+
+@pytest.mark.slow
+def test_demo(tmp_path):
+    output = tmp_path / "demo.png"
+    completed = subprocess.run(
+        [sys.executable, "-m", "odeckpt", "demo", "--tiny", "--output", str(output)],
+        env=os.environ | {"MPLBACKEND": "Agg"},
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    table = completed.stdout.splitlines()
+    for adjoint in ("direct", "recursive (default)", "backsolve", "forward"):
+        assert any(line.startswith(adjoint) for line in table), completed.stdout
+    assert output.stat().st_size > 10_000
