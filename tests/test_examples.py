@@ -64,7 +64,6 @@ def test_gray_scott(tmp_path):
     assert max(result["temp_mib_by_checkpoints"].values()) < result["temp_mib_direct"] / 4
 
 
-@pytest.mark.slow
 def test_neural_ode_spiral(tmp_path):
     folder = run_example("neural_ode_spiral", tmp_path)
     plots_written(folder, ["training.png", "adjoints.png"])
@@ -73,7 +72,6 @@ def test_neural_ode_spiral(tmp_path):
     assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
 
 
-@pytest.mark.slow
 def test_robertson_fit(tmp_path):
     folder = run_example("robertson_fit", tmp_path)
     plots_written(folder, ["fit.png"])
