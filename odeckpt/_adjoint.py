@@ -1,6 +1,7 @@
 """Adjoints: how the integration loop is run, and so how it is differentiated."""
 
 import abc
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -50,7 +51,7 @@ def _checkpointed(
     loop: Loop, state: LoopState, outputs: tuple[Y, ...], **plan
 ) -> tuple[LoopState, tuple[Y, ...]]:
     """`loop` run by the checkpointing engine's `bounded_while_loop` with the given plan."""
-    body, kwargs = _engine_form(loop, outputs, plan)
+    body, kwargs = _engine_form(loop, state, outputs, plan)
     if not outputs:
         return bounded_while_loop(loop.cond, body, state, **kwargs), outputs
     final, outputs = bounded_while_loop(loop.cond, body, state, **kwargs)
@@ -62,7 +63,7 @@ def _checkpointed_stats(
 ) -> tuple[int, IntScalar]:
     """Snapshot slots and recomputed steps of `_checkpointed`'s reverse sweep after
     `num_steps` steps."""
-    body, kwargs = _engine_form(loop, outputs, plan)
+    body, kwargs = _engine_form(loop, state, outputs, plan)
     the_plan = while_loop_plan(loop.cond, body, state, **kwargs)
     if the_plan.regime == "residuals":
         return 0, jnp.zeros((), jnp.int32)
@@ -71,14 +72,44 @@ def _checkpointed_stats(
     return c, recomputed_steps(schedule, num_steps)
 
 
-def _engine_form(loop: Loop, outputs: tuple[Y, ...], plan: dict):
-    """The body and keyword arguments `bounded_while_loop` takes for `loop`."""
-    kwargs = dict(plan)
+def _engine_form(loop: Loop, state: LoopState, outputs: tuple[Y, ...], plan: dict):
+    """The body and keyword arguments `bounded_while_loop` takes for `loop`. Steps record
+    their decisions (`Loop.step`), so that the reverse sweep recomputes the same steps."""
+    kwargs = dict(plan, record_decisions=True, snapshot=_snapshot(loop, state))
     if not outputs:
-        return lambda s: loop.body(s)[0], kwargs
+        return lambda s, recorded: (lambda new, _, made: (new, made))(
+            *loop.step(s, recorded)
+        ), kwargs
     # Output groups have different lengths: the engine takes them as a list of groups.
-    body = lambda s: (lambda new, writes: (new, list(writes)))(*loop.body(s))
+    body = lambda s, recorded: (lambda new, writes, made: (new, list(writes), made))(
+        *loop.step(s, recorded)
+    )
     return body, dict(kwargs, outputs=list(outputs))
+
+
+_RECOMPUTE_CACHE_FROM = 64 * 1024
+"""State size (bytes) from which snapshots leave out a stepper state that is `f(t, y)`."""
+
+
+def _snapshot(loop: Loop, state: LoopState):
+    """What a snapshot keeps of the loop state (`None`: all of it). For a large state whose
+    stepper state is just `f(t, y)` (explicit Runge-Kutta, Rosenbrock), snapshots drop it and
+    a restore recomputes it: half the memory, one evaluation of `f` per restore."""
+    stepper = loop.stepper
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.y))
+    if not stepper.state_is_derivative or size < _RECOMPUTE_CACHE_FROM:
+        return None
+
+    def pack(state: LoopState) -> LoopState:
+        return dataclasses.replace(state, stepper_state=stepper.pack_state(state.stepper_state))
+
+    def unpack(packed: LoopState) -> LoopState:
+        stepper_state = stepper.unpack_state(
+            loop.f, packed.t, packed.y, loop.args, packed.stepper_state
+        )
+        return dataclasses.replace(packed, stepper_state=stepper_state)
+
+    return pack, unpack
 
 
 class RecursiveCheckpointAdjoint(AbstractAdjoint):

@@ -63,10 +63,15 @@ class AbstractController(eqx.Module):
         y_error: Y | None,
         stepper: AbstractStepper,
         state: Y,
+        *,
+        clipped: BoolScalar,
+        accept: BoolScalar | None = None,
     ) -> Decision:
         """Judge the step from `t0` to `t1` and propose the next step size. `dt` is the step size
-        that was proposed for this step: `t1 - t0` is smaller when the step was clipped to land on
-        a save time or the end of the span."""
+        that was proposed for this step; `clipped` says whether the step was cut short (`t1 -
+        t0` about `dt` or less) to land on a save time or the end of the span. `accept`, when
+        given, is the verdict to follow instead of judging the error: the recorded verdict of
+        this same step, when the checkpointing engine recomputes it."""
 
     @abc.abstractmethod
     def reject(self, t0: Scalar, t1: Scalar, dt: Scalar, state: Y) -> Decision:
@@ -98,11 +103,11 @@ class ConstantStep(AbstractController):
         assert dt0 is not None
         return dt0, None, 0
 
-    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state):
-        del t0, t1, y0, y_error, stepper
+    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
+        del t0, t1, y0, y_error, stepper, clipped
         finite = all_finite(y1)
         return Decision(
-            accept=finite,
+            accept=finite if accept is None else accept,
             next_dt=dt,
             state=state,
             underflow=jnp.logical_not(finite),
@@ -215,7 +220,7 @@ class PIDController(AbstractController):
         ).astype(t0.dtype)
         return jnp.minimum(100 * h0, h1)
 
-    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state):
+    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
         assert y_error is not None and stepper.error_order is not None
         scale = jax.tree.map(
             lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
@@ -227,7 +232,8 @@ class PIDController(AbstractController):
         # A non-finite stage makes both y1 and its error estimate non-finite, so the error norm
         # alone detects a non-finite step (y0 is finite).
         finite = jnp.isfinite(error)
-        accept = finite & (error <= 1)
+        if accept is None:
+            accept = finite & (error <= 1)
         k = min(stepper.order, stepper.error_order) + 1
         b1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
         b2 = -(self.pcoeff + 2 * self.dcoeff) / k
@@ -243,7 +249,7 @@ class PIDController(AbstractController):
         factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
         next_dt = factor * (t1 - t0)
         # An accepted step shortened to hit a save time says nothing against the longer proposal.
-        next_dt = jnp.where(accept & (t1 - t0 < dt), jnp.maximum(next_dt, dt), next_dt)
+        next_dt = jnp.where(accept & clipped, jnp.maximum(next_dt, dt), next_dt)
         next_dt = jax.lax.stop_gradient(self._clip(next_dt))
         state = jax.tree.map(
             lambda new, old: jnp.where(accept, new, old),

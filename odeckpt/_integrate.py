@@ -8,6 +8,8 @@ All times inside the loop are internal times `tau = direction * t`, so the loop 
 forwards: `f` is wrapped accordingly and step sizes are positive.
 """
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -53,6 +55,25 @@ class LoopState(eqx.Module):
     status: Status
 
 
+class StepRecord(eqx.Module):
+    """The discrete decisions of one attempted step (see `Loop.step`)."""
+
+    accepted: ClassVar[int] = 1
+    rejected: ClassVar[int] = 0
+    newton_failed: ClassVar[int] = 2
+
+    verdict: Array
+    """`accepted`, `rejected` (error too large) or `newton_failed`."""
+    clipped: Array
+    """Whether the step was shortened to land on the end of the span or a save time."""
+    saved: IntScalar
+    """How many save times it interpolated."""
+    next_dt: Scalar
+    """The step size proposed for the next step. Step sizes are not differentiated, and an
+    error estimate at its rounding-noise floor (Rodas5 at tight tolerances) can propose
+    visibly different ones when the recomputation rounds differently."""
+
+
 class Loop(eqx.Module):
     """The integration loop for one problem: `cond`, `body`, initial state and output buffers."""
 
@@ -73,18 +94,36 @@ class Loop(eqx.Module):
         return (state.t < self.t_end) & (state.status == Status.successful)
 
     def body(self, state: LoopState) -> tuple[LoopState, Writes]:
+        new, writes, _ = self.step(state)
+        return new, writes
+
+    def step(
+        self, state: LoopState, recorded: "StepRecord | None" = None
+    ) -> tuple[LoopState, Writes, "StepRecord"]:
+        """One attempted step: the new state, the output rows it writes, and the record of its
+        discrete decisions. Given the `recorded` decisions of an earlier run of this step (the
+        checkpointing engine's recomputation), the step follows them instead of deciding
+        again, so that rounding differences between the two runs cannot send them down
+        different branches."""
         t0 = state.t
-        t1, clipped = self._step_end(state)
+        t1, clipped = self._step_end(state, None if recorded is None else recorded.clipped)
         step = self.stepper.step(self.f, t0, t1, state.y, self.args, state.stepper_state)
         decision = self.controller.adapt(
-            t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper, state.controller_state
-        )
+            t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper,
+            state.controller_state, clipped=clipped,
+            accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
+        )  # fmt: skip
+        newton_failed = None
         if step.failed is not None:
             # The stepper could not complete the step (Newton did not converge): reject it and
             # retry shorter, whatever its (meaningless) error estimate says.
+            newton_failed = step.failed
+            if recorded is not None:
+                newton_failed = recorded.verdict == StepRecord.newton_failed
             retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
-            decision = jax.tree.map(lambda a, b: jnp.where(step.failed, a, b), retry, decision)
+            decision = jax.tree.map(lambda a, b: jnp.where(newton_failed, a, b), retry, decision)
         accept = decision.accept
+        next_dt = decision.next_dt if recorded is None else recorded.next_dt
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
         failed = decision.underflow & ~accept
         status = Status.where(
@@ -92,14 +131,15 @@ class Loop(eqx.Module):
             Status.where(decision.finite, Status.dt_underflow, Status.nonfinite),
             state.status,
         )
-        if step.failed is not None:
-            status = Status.where(failed & step.failed, Status.newton_failed, status)
+        if newton_failed is not None:
+            status = Status.where(failed & newton_failed, Status.newton_failed, status)
         on_reject = state.stepper_state if step.state_on_reject is None else step.state_on_reject
-        save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept)
+        saved = None if recorded is None else recorded.saved
+        save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept, saved)
         new = LoopState(
             t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
             y=keep(step.y1, state.y),
-            dt=decision.next_dt,
+            dt=next_dt,
             stepper_state=keep(step.state, on_reject),
             controller_state=decision.state,
             save_index=save_index,
@@ -119,7 +159,12 @@ class Loop(eqx.Module):
             writes += ((step_index, one_row((t1, step.y1))),)
         if self.saveat.dense:
             writes += ((step_index, one_row((t1, step.dense))),)
-        return new, writes
+        verdict = jnp.where(accept, StepRecord.accepted, StepRecord.rejected)
+        if newton_failed is not None:
+            verdict = jnp.where(newton_failed, StepRecord.newton_failed, verdict)
+        saved = save_index - state.save_index
+        made = StepRecord(verdict.astype(jnp.int8), clipped, saved, next_dt)
+        return new, writes, made
 
     def _stop(self, state: LoopState) -> Scalar:
         """The next time a step must land on: the end of the span, or the last save time that
@@ -131,24 +176,31 @@ class Loop(eqx.Module):
         save_stop = self.ts[jnp.minimum(last, self.ts.shape[0] - 1)]
         return jnp.where(last < self.ts.shape[0], jnp.minimum(save_stop, self.t_end), self.t_end)
 
-    def _step_end(self, state: LoopState) -> tuple[Scalar, Array]:
+    def _step_end(self, state: LoopState, clipped: Array | None) -> tuple[Scalar, Array]:
+        """Where the step ends, and whether it was clipped to land on `_stop` (decided here
+        unless `clipped` is given)."""
         stop = self._stop(state)
         t1 = state.t + state.dt
-        # Land exactly on `stop` when within rounding of it, so no sliver step is left over.
-        slack = 100 * jnp.finfo(t1.dtype).eps * jnp.maximum(jnp.abs(stop), jnp.abs(state.t))
-        clipped = t1 >= stop - slack
+        if clipped is None:
+            # Land exactly on `stop` when within rounding of it, so no sliver step is left.
+            slack = 100 * jnp.finfo(t1.dtype).eps * jnp.maximum(jnp.abs(stop), jnp.abs(state.t))
+            clipped = t1 >= stop - slack
         return jnp.where(clipped, stop, t1), clipped
 
     def _save_writes(
-        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array
+        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array, saved: Array | None
     ) -> tuple[IntScalar, Writes]:
+        """The save times this step interpolates (`saved` of them, if given), as rows."""
         if self.ts is None:
             return state.save_index, ()
         num_ts = self.ts.shape[0]
         k = min(num_ts, saves_per_step(self.stepper))
         index = state.save_index + jnp.arange(k)
         t_save = self.ts[jnp.minimum(index, num_ts - 1)]
-        valid = accept & (index < num_ts) & (t_save <= t1)
+        if saved is None:
+            valid = accept & (index < num_ts) & (t_save <= t1)
+        else:
+            valid = jnp.arange(k) < saved
         # A zero-length step (a lane that finished, stepped in lockstep under vmap) must not
         # make 0/0, whose NaN would leak into gradients through the masking.
         h = t1 - state.t

@@ -237,23 +237,14 @@ def test_gradient_equals_central_differences(direct_jacobian):
     _assert_rows_close(np.stack(columns, axis=1), direct_jacobian, 1e-4)
 
 
-_UNEXPLAINED = pytest.mark.xfail(
-    strict=True,
-    reason="Differs from DirectAdjoint by ~1e-6 relative (ForwardMode agrees with Direct to "
-    "1e-15): the engine's checkpointed per-step VJP differs from its stored-residual one for "
-    "these two-stage methods, also at --xla_backend_optimization_level=0 and with a snapshot "
-    "of every step. Not yet explained; the Kvaerno methods agree exactly.",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "solver",
     [
         "kvaerno3",
         "kvaerno4",
-        pytest.param("implicit_euler", marks=_UNEXPLAINED),
-        pytest.param("trapezoid", marks=_UNEXPLAINED),
+        "implicit_euler",
+        "trapezoid",
     ],
 )
 def test_recursive_equals_direct_other_esdirks(solver):
@@ -280,13 +271,6 @@ def test_rodas5_derivatives_constant_steps():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="Rodas5's error estimate has a rounding-noise floor that XLA's differently optimised "
-    "recomputation in the reverse sweep amplifies into different step sizes, so the "
-    "checkpointing engine recomputes a different trajectory (exact at "
-    "--xla_backend_optimization_level=0). Needs bitwise-reproducible recomputation.",
-)
 def test_rodas5_recursive_equals_direct_adaptive():
     final = lambda k, adjoint: _robertson_final(k, adjoint, solver="rodas5")
     direct = np.asarray(jax.jit(jax.jacrev(final), static_argnums=1)(_K, odeckpt.DirectAdjoint()))

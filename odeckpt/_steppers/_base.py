@@ -1,6 +1,7 @@
 """The interface between a stepper and the integration loop."""
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 
@@ -64,6 +65,9 @@ class AbstractStepper(eqx.Module):
     """Evaluations of `f` per attempted step, with the first stage supplied by `state`."""
     dense_degree: eqx.AbstractClassVar[int]
     """Degree of the continuous extension returned in `Step.dense`."""
+    state_is_derivative: ClassVar[bool] = False
+    """Whether the stepper state is just `f(t, y, args)` at the current point (as `init`
+    returns it), so a checkpoint may drop it and recompute it on restore."""
 
     @abc.abstractmethod
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
@@ -72,6 +76,14 @@ class AbstractStepper(eqx.Module):
     @abc.abstractmethod
     def step(self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: Y) -> Step:
         """Attempt one step from `(t0, y0)` to `t1`; `t1 < t0` integrates backwards."""
+
+    def pack_state(self, state: Y) -> Y | None:
+        """What a checkpoint keeps of the stepper state: nothing if it is `f(t, y, args)`."""
+        return None if self.state_is_derivative else state
+
+    def unpack_state(self, f: VectorField, t: Scalar, y: Y, args: Args, packed: Y | None) -> Y:
+        """The stepper state at `(t, y)` from what `pack_state` kept."""
+        return self.init(f, t, y, args) if self.state_is_derivative else packed
 
     def derivative(self, state: Y) -> Y:
         """`f(t, y, args)` at the point the stepper state belongs to; the default: the state is

@@ -1,6 +1,7 @@
 """One generic step for every explicit Runge-Kutta tableau."""
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -57,6 +58,7 @@ class AbstractExplicitRK(AbstractStepper):
     """
 
     tableau: eqx.AbstractClassVar[ButcherTableau]
+    state_is_derivative: ClassVar[bool] = True
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
         """**Returns:** `f(t0, y0, args)`, the first stage of the first step."""

@@ -87,19 +87,11 @@ class AbstractRosenbrock(AbstractStepper):
 
     tableau: eqx.AbstractClassVar[RosenbrockTableau]
     jac: eqx.AbstractVar[Callable | None]
+    state_is_derivative: ClassVar[bool] = True
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
         """**Returns:** `f(t0, y0, args)`, the first stage of the first step."""
         return f(t0, y0, args)
-
-    def pack_state(self, state: Y) -> None:
-        """Checkpoints keep nothing of the state: `f(t, y)` is recomputed on restore."""
-        del state
-
-    def unpack_state(self, f: VectorField, t: Scalar, y: Y, args: Args, packed: None) -> Y:
-        """**Returns:** `f(t, y, args)`, the state `step` left at `(t, y)`."""
-        del packed
-        return self.init(f, t, y, args)
 
     def step(self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: Y) -> Step:
         """Attempt one step from `(t0, y0)` to `t1` (`t1 < t0` integrates backwards).

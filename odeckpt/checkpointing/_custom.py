@@ -157,7 +157,7 @@ def _masked_scan(loop: Loop, params, init, buffers):
         i, state, buffers, pred = carry
 
         def advance(state, buffers):
-            new, idx, values = loop.step(params, state, None, i)
+            new, idx, values, _ = loop.step(params, state, None, i)
             return new, _tree.write(buffers, idx, values)
 
         state, buffers = lax.cond(any_lane(pred), advance, lambda s, b: (s, b), state, buffers)

@@ -27,10 +27,15 @@ _INT = jnp.int32
 class Loop:
     """A loop in the engine's normal form.
 
-    - `step(params, state, x, i) -> (state, index, values)`: one step; `values` are written to
-        the buffers at `index` (int32 `[k]`, out of range dropped).
+    - `step(params, state, x, i, recorded=None) -> (state, index, values, made)`: one step;
+        `values` are written to the buffers at `index` (int32 `[k]`, out of range dropped).
+        `made` is the step's record of its discrete decisions (`None` if it keeps none); the
+        reverse sweep passes it back as `recorded` when it recomputes the step, and the step
+        must then take those decisions again, so that a recomputation that rounds differently
+        (XLA compiles it separately) still follows the forward trajectory.
     - `cond(params, state) -> bool` or `None` (a scan: run exactly `steps` steps).
     - `steps`: `n` for a scan, `max_steps` for a while loop.
+    - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     - `pack(params, state) -> packed`, `unpack(params, packed) -> state`: what a snapshot
         holds (default: the whole state). `unpack` must rebuild exactly the state that was
         packed; it runs once per restore in the reverse sweep.
@@ -41,6 +46,7 @@ class Loop:
     steps: int
     pack: Callable[..., Any] | None = None
     unpack: Callable[..., Any] | None = None
+    decisions: Any = None
 
     def packed(self, params, state):
         return state if self.pack is None else self.pack(params, state)
@@ -56,11 +62,13 @@ def _x(xs, i):
 def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     """Run the loop; with a `schedule`, store snapshots as it says.
 
-    Returns `(state, buffers, residuals)`; `residuals = (n, held, snaps, pos)` (the number of
-    steps run, the state before the last step, the snapshot array and the position each slot
-    holds), or `None` without a schedule.
+    Returns `(state, buffers, residuals)`; `residuals = (n, held, snaps, pos, tape)` (the
+    number of steps run, the state before the last step, the snapshot array, the position each
+    slot holds, and each step's recorded decisions or `None`), or `None` without a schedule.
     """
     save = schedule is not None
+    record = save and loop.decisions is not None
+    tape = _tree.stack_zeros(loop.decisions, loop.steps) if record else None
     if save:
         c = schedule.checkpoints
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
@@ -71,32 +79,28 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     else:
         snaps = pos = None
     pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred)
+    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred, tape)
 
     def keep_going(carry):
-        i, *_, pred = carry
+        i, *_, pred, _ = carry
         going = i < loop.steps
         return going if loop.cond is None else going & any_lane(pred)
 
     def body(carry):
-        i, state, prev, snaps, pos, buffers, _ = carry
+        i, state, prev, snaps, pos, buffers, _, tape = carry
         if save:
             slot = table[i]
-            snaps, pos = lax.cond(
-                slot >= 0,
-                lambda: (
-                    _tree.update(snaps, loop.packed(params, prev), slot),
-                    pos.at[slot].set(i - 1),
-                ),
-                lambda: (snaps, pos),
-            )
-        new, idx, values = loop.step(params, state, _x(xs, i), i)
+            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev))
+            pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
+        new, idx, values, made = loop.step(params, state, _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
+        if record:
+            tape = _tree.update(tape, made, i)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, new, state, snaps, pos, buffers, pred
+        return i + 1, new, state, snaps, pos, buffers, pred, tape
 
-    n, state, held, snaps, pos, buffers, _ = lax.while_loop(keep_going, body, carry)
-    return state, buffers, ((n, held, snaps, pos) if save else None)
+    n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
+    return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
 def _split(table, length, free):
@@ -120,7 +124,8 @@ def reverse(
     for constant `xs`).
     """
     want_params, want_xs = want
-    n, held, snaps, pos = residuals
+    n, held, snaps, pos, tape = residuals
+    recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
     c = checkpoints
     table = jnp.asarray(binomial_table(c, loop.steps), _INT)
     big = jnp.iinfo(_INT).max
@@ -132,7 +137,7 @@ def reverse(
     ct_xs = None if xs is None or not want_xs else _tree.zeros_like(_tree.split_inexact(xs)[0])
     carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
 
-    def vjp_step(cur, state, ct_state, ct_params, ct_xs, ct_buffers):
+    def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
         state_f, state_rest = _tree.split_inexact(state)
         x = _x(xs, cur)
         x_f, x_rest = _tree.split_inexact(x)
@@ -140,20 +145,18 @@ def reverse(
         def f(p_f, s_f, xx_f):
             p_f = p_f if want_params else params_f
             xx_f = xx_f if want_xs else x_f
-            new, idx, values = loop.step(
-                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur
-            )
+            new, idx, values, _ = loop.step(
+                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur,
+                recorded(cur),
+            )  # fmt: skip
             return (_tree.split_inexact(new)[0], _tree.split_inexact(values)[0]), idx
 
         diff = (params_f if want_params else None, state_f, x_f if want_xs else None)
         _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
-        ct_values, ct_buffers = _tree.gather_and_clear(ct_buffers, idx)
-        ct_p, ct_s, ct_x = vjp_fn((ct_state, ct_values))
+        ct_p, ct_s, ct_x = vjp_fn((ct_state, _tree.gather(ct_buffers, idx)))
         if want_params:
             ct_params = _tree.add(ct_params, ct_p)
-        if ct_xs is not None:
-            ct_xs = _tree.update(ct_xs, ct_x, cur)
-        return ct_s, ct_params, ct_xs, ct_buffers
+        return ct_s, ct_params, ct_x, idx
 
     def body(carry):
         end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
@@ -165,26 +168,26 @@ def reverse(
         )
         free = c - k + 1
         push = (free >= 2) & (cur < end - 1) & (cur == top + _split(table, end - top, free))
-        snaps = lax.cond(
-            push,
-            lambda: _tree.update(snaps, loop.packed(params, held), perm[jnp.minimum(k, c - 1)]),
-            lambda: snaps,
-        )
+        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
         k = k + push.astype(_INT)
 
-        def rev(held, ct_state, ct_params, ct_xs, ct_buffers):
-            out = vjp_step(cur, held, ct_state, ct_params, ct_xs, ct_buffers)
-            return held, *out
+        # Large arrays (snapshots, buffer and `xs` cotangents) stay out of the `lax.cond`s:
+        # XLA may copy what passes through a conditional, at every iteration.
+        def rev(held, ct_state, ct_params):
+            ct_s, ct_params, ct_x, idx = vjp_step(cur, held, ct_state, ct_params, ct_buffers)
+            return held, ct_s, ct_params, ct_x, idx
 
-        def fwd(held, ct_state, ct_params, ct_xs, ct_buffers):
-            new, _, _ = loop.step(params, held, _x(xs, cur), cur)
-            return new, ct_state, ct_params, ct_xs, ct_buffers
+        def fwd(held, ct_state, ct_params):
+            new, idx, *_ = loop.step(params, held, _x(xs, cur), cur, recorded(cur))
+            ct_x = None if ct_xs is None else _tree.zeros_like(_tree.index(ct_xs, 0))
+            return new, ct_state, ct_params, ct_x, _tree.dropped(idx)
 
         is_rev = cur == end - 1
-        held, ct_state, ct_params, ct_xs, ct_buffers = lax.cond(
-            is_rev, rev, fwd, held, ct_state, ct_params, ct_xs, ct_buffers
-        )
+        held, ct_state, ct_params, ct_x, idx = lax.cond(is_rev, rev, fwd, held, ct_state, ct_params)
+        ct_buffers = _tree.clear(ct_buffers, idx)
+        if ct_xs is not None:
+            ct_xs = _store(ct_xs, is_rev, cur, ct_x)
         end = jnp.where(is_rev, end - 1, end)
         cur = jnp.where(is_rev, -1, cur + 1)
         pop = is_rev & (end == stack[k - 1])
@@ -194,6 +197,12 @@ def reverse(
     out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[6:]
     return ct_params, ct_state, ct_xs, ct_buffers
+
+
+def _store(stack, pred, i, value):
+    """`stack[i] = value` where `pred` holds (unbatched); in place, with no conditional."""
+    i = jnp.where(pred, i, 0)
+    return _tree.update(stack, _tree.where(pred, value, _tree.index(stack, i)), i)
 
 
 def _combine(a, b):

@@ -126,9 +126,10 @@ def checkpointed_scan(
     y_struct = _check_body(f, init, x)
     params, static = convert(f, init, x)
 
-    def step(params, state, x, i):
+    def step(params, state, x, i, recorded=None):
+        del recorded
         state, y = eqx.combine(params, static)(state, x)
-        return state, i[None], jtu.tree_map(lambda a: a[None], y)
+        return state, i[None], jtu.tree_map(lambda a: a[None], y), None
 
     buffers = _tree.stack_zeros(y_struct, n)
     return run(Loop(step, None, n), the_plan, params, init, xs, buffers)

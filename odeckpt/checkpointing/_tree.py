@@ -67,15 +67,24 @@ def write(buffers, idx, values):
     )
 
 
-def gather_and_clear(ct_buffers, idx):
-    """The cotangents at `idx` (zero outside `[0, m)`), and the buffers with those slots zeroed.
-    With a tuple `idx`, `ct_buffers` is a list of groups, one index array each."""
+def gather(ct_buffers, idx):
+    """The cotangents at `idx` (zero outside `[0, m)`). With a tuple `idx`, `ct_buffers` is a
+    list of groups, one index array each."""
     if isinstance(idx, tuple):
-        pairs = [gather_and_clear(*group) for group in zip(ct_buffers, idx, strict=True)]
-        return [got for got, _ in pairs], [cleared for _, cleared in pairs]
-    got = jtu.tree_map(lambda b: b.at[idx].get(mode="fill", fill_value=0), ct_buffers)
-    cleared = jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
-    return got, cleared
+        return [gather(*group) for group in zip(ct_buffers, idx, strict=True)]
+    return jtu.tree_map(lambda b: b.at[idx].get(mode="fill", fill_value=0), ct_buffers)
+
+
+def clear(ct_buffers, idx):
+    """The buffers with the slots at `idx` zeroed (out-of-range indices dropped)."""
+    if isinstance(idx, tuple):
+        return [clear(*group) for group in zip(ct_buffers, idx, strict=True)]
+    return jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
+
+
+def dropped(idx):
+    """Indices like `idx` that every write drops (out of range)."""
+    return jtu.tree_map(lambda i: jnp.full_like(i, jnp.iinfo(i.dtype).max), idx)
 
 
 def check_same_structure(what, expected, got, fix):

@@ -41,11 +41,21 @@ def _buffer_length(outputs) -> int:
     return int(lengths.pop())
 
 
-def _check_body(cond_fun, body_fun, init_val, outputs):
+_DECISIONS_FIX = (
+    "with record_decisions=True, body_fun(val, recorded) returns (val, made) (with outputs: "
+    "(val, writes, made)): `made` a pytree of arrays recording the step's decisions, "
+    "`recorded` None on the first run and the recorded `made` on a recomputation"
+)
+
+
+def _check_body(cond_fun, body_fun, init_val, outputs, record_decisions=False):
     pred = jax.eval_shape(cond_fun, init_val)
     if jnp.shape(pred) != () or pred.dtype != jnp.bool_:
         raise TypeError(f"cond_fun must return a scalar bool, got {pred}")
-    out = jax.eval_shape(body_fun, init_val)
+    if record_decisions:
+        out = _check_decisions(body_fun, init_val, outputs)
+    else:
+        out = jax.eval_shape(body_fun, init_val)
     fix = "return a val with the same structure, shapes and dtypes as init_val"
     if outputs is None:
         _tree.check_same_structure("body_fun", init_val, out, fix)
@@ -64,6 +74,19 @@ def _check_body(cond_fun, body_fun, init_val, outputs):
         _check_write(write, group)
 
 
+def _check_decisions(body_fun, init_val, outputs):
+    """Check the decisions a recording body makes; return its output without them."""
+    out = jax.eval_shape(lambda val: body_fun(val, None), init_val)
+    size = 2 if outputs is None else 3
+    if not (isinstance(out, tuple) and len(out) == size):
+        raise TypeError(f"{_DECISIONS_FIX}; got {out}")
+    made = out[-1]
+    example = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), made)
+    replayed = jax.eval_shape(body_fun, init_val, example)
+    _tree.check_same_structure("body_fun(val, recorded)", out, replayed, _DECISIONS_FIX)
+    return out[0] if outputs is None else out[:2]
+
+
 def _check_write(write, outputs):
     if not isinstance(write, tuple) or len(write) != 2:
         raise TypeError(f"{_WRITE_FIX}; got {write}")
@@ -80,20 +103,25 @@ def _check_write(write, outputs):
         raise TypeError(f"{e} (k = {k})") from None
 
 
-def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot):
+def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions):
     """The engine's normal form: a masked step (finished lanes keep `val`, drop writes)."""
-    (cond_p, cond_s), (body_p, body_s) = convert(cond_fun, init_val), convert(body_fun, init_val)
-    params = (cond_p, body_p)
-    codec = {}
+    first = (lambda val: body_fun(val, None)) if record_decisions else body_fun
+    (cond_p, cond_s), (body_p, body_s) = convert(cond_fun, init_val), convert(first, init_val)
+    params = dict(cond=cond_p, body=body_p)
+    codec, decisions = {}, None
     if snapshot is not None:
         pack_fun, unpack_fun = snapshot
-        (pack_p, pack_s) = convert(pack_fun, init_val)
-        (unpack_p, unpack_s) = convert(unpack_fun, jax.eval_shape(pack_fun, init_val))
-        params += (pack_p, unpack_p)
+        (params["pack"], pack_s) = convert(pack_fun, init_val)
+        (params["unpack"], unpack_s) = convert(unpack_fun, jax.eval_shape(pack_fun, init_val))
         codec = dict(
-            pack=lambda params, val: eqx.combine(params[2], pack_s)(val),
-            unpack=lambda params, packed: eqx.combine(params[3], unpack_s)(packed),
+            pack=lambda params, val: eqx.combine(params["pack"], pack_s)(val),
+            unpack=lambda params, packed: eqx.combine(params["unpack"], unpack_s)(packed),
         )
+    if record_decisions:
+        decisions = jax.eval_shape(first, init_val)[-1]
+        # The replay is traced separately: `recorded` is an array there, `None` in `first`.
+        example = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), decisions)
+        (params["replay"], replay_s) = convert(body_fun, init_val, example)
     grouped = isinstance(outputs, list)
     if outputs is None:
         lengths = None
@@ -101,12 +129,19 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot):
         lengths = [_buffer_length(group) for group in (outputs if grouped else [outputs])]
 
     def cond(params, val):
-        return eqx.combine(params[0], cond_s)(val)
+        return eqx.combine(params["cond"], cond_s)(val)
 
-    def step(params, val, x, i):
+    def step(params, val, x, i, recorded=None):
         del x, i
         active = cond(params, val)
-        out = eqx.combine(params[1], body_s)(val)
+        if recorded is None:
+            out = eqx.combine(params["body"], body_s)(val)
+        else:
+            out = eqx.combine(params["replay"], replay_s)(val, recorded)
+        made = None
+        if record_decisions:
+            *out, made = out
+            out = out[0] if outputs is None else tuple(out)
         if outputs is None:
             new, idx, values = out, jnp.zeros((1,), jnp.int32), None
         else:
@@ -118,15 +153,16 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot):
             )
             # one group: the buffers themselves; groups: a list of them
             idx, values = (idx, list(values)) if grouped else (idx[0], values[0])
-        return _tree.where(active, new, val), idx, values
+        return _tree.where(active, new, val), idx, values, made
 
-    return Loop(step, cond, max_steps, **codec), params
+    return Loop(step, cond, max_steps, **codec, decisions=decisions), params
 
 
 def while_loop_plan(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
+    record_decisions: bool = False,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `bounded_while_loop` with the same arguments follows.
 
@@ -143,9 +179,11 @@ def while_loop_plan(
     """
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
-    _check_body(cond_fun, body_fun, init_val, outputs)
+    _check_body(cond_fun, body_fun, init_val, outputs, record_decisions)
     _check_snapshot(snapshot, init_val)
-    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot)
+    loop, params = _loop(
+        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
+    )
     return _plan(loop, params, init_val, checkpoints, memory_budget, online)
 
 
@@ -167,7 +205,7 @@ def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
     residual_bytes = None
     if checkpoints is None and (memory_budget is not None or not online):
         # only then may the plan store every step's residuals: size them
-        step = lambda p, v: loop.step(p, v, None, None)[0::2]
+        step = lambda p, v: (lambda new, _, values, __: (new, values))(*loop.step(p, v, None, None))
         residuals = jax.eval_shape(
             lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
         )
@@ -181,6 +219,7 @@ def bounded_while_loop(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
     checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
+    record_decisions: bool = False,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -199,10 +238,19 @@ def bounded_while_loop(
         schedule for `max_steps` steps is used, which is optimal when the loop runs them all.
     - `snapshot`: optional `(pack, unpack)`: a snapshot keeps `pack(val)` instead of `val`,
         and the reverse sweep rebuilds `val = unpack(packed)` at each restore. `unpack` must
-        rebuild exactly the `val` that was packed, bitwise if the loop's control flow depends
-        on it (a value that differs by rounding can change the replayed steps' decisions):
-        use it to leave out of the snapshots what is cheap to recompute from the rest,
-        trading one `unpack` per reversed step for memory.
+        rebuild the `val` that was packed; if it differs by rounding and the loop's control
+        flow depends on it, use `record_decisions`. Use it to leave out of the snapshots what
+        is cheap to recompute from the rest, trading one `unpack` per restore for memory.
+    - `record_decisions`: the reverse sweep recomputes steps from snapshots, and XLA compiles
+        those recomputations separately from the forward loop, so they may round differently;
+        a threshold test in `body_fun` (`error <= 1`, `t + dt >= t_end`) can then flip and the
+        recomputation leave the forward trajectory. With `True`, `body_fun(val, recorded)`
+        also returns a record of its decisions, `(val, made)` (`(val, (index, values), made)`
+        with `outputs`), `made` a pytree of arrays: branch choices, and values the gradient
+        treats as fixed (an adaptive step size); `recorded` is `None` on the forward run and
+        the `made` of that run when the step is recomputed, and the body must then follow it.
+        Recorded values are constants to differentiation. The record costs `max_steps` copies
+        of `made`, kept outside the snapshots.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -241,14 +289,16 @@ def bounded_while_loop(
     """
     max_steps = _check_max_steps(max_steps)
     init_val = _tree.strong(init_val)
-    _check_body(cond_fun, body_fun, init_val, outputs)
+    _check_body(cond_fun, body_fun, init_val, outputs, record_decisions)
     _check_snapshot(snapshot, init_val)
     # Checks `checkpoints`/`memory_budget` now; the real plan (which traces the step's VJP to
     # size its residuals) is only made if the loop is differentiated.
     snapshot_val = init_val if snapshot is None else jax.eval_shape(snapshot[0], init_val)
     plan(max_steps, _tree.nbytes(snapshot_val), None, checkpoints=checkpoints,
          memory_budget=memory_budget, online=online)  # fmt: skip
-    loop, params = _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot)
+    loop, params = _loop(
+        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
+    )
     the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
