@@ -107,48 +107,129 @@ def test_online_is_optimal_up_to_repetition_two(c):
         assert sim.peak_snapshots <= c
 
 
+ONLINE_R3_EXCESS = 1
+"""Most forward steps above `t(n, c)` for `C(c+2, 2) < n <= C(c+3, 3)`: measured for c <= 60,
+and the least any online schedule achieves (see the impossibility test below)."""
+ONLINE_LATER_REL_EXCESS = {2: 0.125, 3: 0.095, 4: 0.07}
+"""Most relative excess `cost / t(n, c) - 1` past `C(c+3, 3)`, per `c` (0.05 for c >= 5):
+the measured maxima 12.2%, 9.1%, 6.5%, 4.9% rounded up. Wang, Moin & Iaccarino's dynamic
+checkpointing, the rule used there before, measured 15-33% and fails this test."""
+
+
+def placement_cost(n: int, positions, c: int) -> int:
+    """Forward steps of the reverse sweep from sorted snapshot `positions` at stop `n`: the
+    first sweep plus `t(L_j, c - j)` for the segment from the `j`-th snapshot to the next (the
+    last one ends at `n - 1`, the state the loop holds). What `simulate` counts."""
+    ends = [*positions[1:], n - 1]
+    pairs = enumerate(zip(positions, ends, strict=True))
+    return n - 1 + sum(optimal_cost(e - p, c - j) if e - p > 1 else 0 for j, (p, e) in pairs)
+
+
+def positions_by_stop(schedule, first: int, last: int):
+    """`(n, schedule.positions(n))` for `first <= n <= last`, updated incrementally."""
+    held = list(schedule.slots_at(first))
+    for n in range(first, last + 1):
+        if n >= 3 and schedule.store[n - 2] >= 0:
+            held[schedule.store[n - 2]] = n - 2
+        yield n, tuple(sorted(p for p in held if p >= 0))
+
+
+def test_placement_cost_is_what_simulate_counts():
+    for c in (1, 2, 3, 5):
+        offline = offline_schedule(120, c)
+        assert placement_cost(120, offline.positions(), c) == optimal_cost(120, c)
+        schedule = online_schedule(120, c)
+        for n, positions in positions_by_stop(schedule, 1, 120):
+            assert positions == schedule.positions(n)
+            assert placement_cost(n, positions, c) == simulate(schedule, n).forward_steps, (c, n)
+
+
+@pytest.mark.parametrize("c", range(2, 13))
+def test_online_repetition_three_is_within_one_step_of_the_optimum(c):
+    lo, hi = binomial(c, 2), binomial(c, 3)
+    schedule = online_schedule(hi, c)
+    stops = range(lo + 1, hi + 1)
+    excess = [simulate(schedule, n).forward_steps - optimal_cost(n, c) for n in stops]
+    assert min(excess) == 0 and max(excess) == ONLINE_R3_EXCESS, (c, excess)
+    # at least one stop in three pays the extra step (see the impossibility test); ours pays it
+    # about that often: once per store, plus once per waiting step that aligns the targets
+    assert (hi - lo - 1) // 3 <= sum(e > 0 for e in excess) <= (hi - lo + c) // 3 + c
+
+
+@pytest.mark.parametrize("c", range(2, 13))
+def test_online_repetition_three_keeps_an_optimal_placement(c):
+    """The design invariant: between stores, segment `j` (reversed with `c - j` slots) stays
+    within `[c-j+1, C(c-j+2, 2)]`, the lengths for which a placement is optimal at repetition
+    number 3, and the open last segment within `1..4` steps (`2..3` is optimal)."""
+    lo, hi = binomial(c, 2), binomial(c, 3)
+    for n, positions in positions_by_stop(online_schedule(hi, c), lo + 1, hi):
+        assert len(positions) == c
+        closed = [b - a for a, b in itertools.pairwise(positions)]
+        assert all(c - j + 1 <= x <= binomial(c - j, 2) for j, x in enumerate(closed)), n
+        assert 1 <= n - 1 - positions[-1] <= 4, n
+    assert closed == [binomial(s, 2) for s in range(c, 1, -1)]  # Revolve's placement at C(c+3, 3)
+
+
 @pytest.mark.parametrize("c", range(1, 13))
-def test_online_stays_within_one_repetition_beyond(c):
-    """Past C(c+2, 2) (up to C(c+3, 3) and at least 300): at most one extra repetition."""
-    steps = max(binomial(c, 3), 300)
+def test_online_beyond_repetition_three_relative_excess(c):
+    steps = max(binomial(c, 3) + 1, 2000)
     schedule = online_schedule(steps, c)
-    for n in range(binomial(c, 2) + 1, steps + 1):
+    bound = ONLINE_LATER_REL_EXCESS.get(c, 0.05)
+    for n, positions in positions_by_stop(schedule, binomial(c, 3) + 1, steps):
+        cost = placement_cost(n, positions, c)
+        assert optimal_cost(n, c) <= cost <= (1 + bound) * optimal_cost(n, c), (n, c)
+    for n in (steps // 2, steps - 1, steps):
         sim = simulate(schedule, n)
-        assert optimal_cost(n, c) <= sim.forward_steps <= optimal_cost(n, c) + n, (n, c)
-        assert sim.reversal_order == tuple(range(n - 1, -1, -1))
+        assert sim.forward_steps == placement_cost(n, schedule.positions(n), c)
+        assert sim.reversal_order == tuple(range(n - 1, -1, -1)) and sim.peak_snapshots <= c
 
 
 def test_online_optimal_at_every_step_is_impossible_beyond_repetition_two():
-    """Why the online bound past C(c+2, 2) is not the offline optimum (c = 2, n = 7..10).
+    """No online schedule costs `t(n, c)` at every `n` in `(C(c+2, 2), C(c+3, 3)]`, c = 2..5.
 
-    With two slots, slot 0 holds position 0 and the other holds one position p < n - 1, which
-    can only be replaced by the newest position. Exhaustively: no p is optimal for all n.
+    Exhaustive search over every online history, more general than the engine's store table:
+    at each step the new state may be stored or not and any snapshots may be dropped; before
+    `C(c+2, 2)` anything goes. Cost: `placement_cost`, which is what `simulate` counts.
+
+    Why, for every c (for store tables, which use every slot): strictly inside the range a
+    placement with every slot used is optimal only if each segment length is in its range for
+    Lagrange multiplier 2, so the last segment, reversed with one slot, is 2 or 3 steps long.
+    It grows by one per step and restarts at 1 when a state is stored: at least one stop in
+    three is not optimal, and the search dies within three stops of `C(c+2, 2)`. Hence
+    `ONLINE_R3_EXCESS = 1` is the least achievable worst case.
     """
-    c = 2
-
-    def cost(n, p):
-        return (n - 1) + brute_force(p, 2) + brute_force(n - 1 - p, 1)
-
-    optimal = {
-        n: [p for p in range(1, n - 1) if cost(n, p) == optimal_cost(n, c)] for n in (7, 8, 9, 10)
-    }
-    assert optimal == {7: [3, 4], 8: [4, 5], 9: [5, 6], 10: [6]}
-    # p can only move to the newest position (n - 2 when deciding for stop n), never to an
-    # older one: no chain of choices stays optimal through n = 7..10.
-    for chain in itertools.product(*optimal.values()):
-        moves = list(zip((7, 8, 9, 10), chain, strict=True))
-        assert any(
-            p2 != p1 and p2 != n2 - 2 for (_, p1), (n2, p2) in zip(moves, moves[1:], strict=False)
-        )
+    for c in range(2, 6):
+        lo, hi = binomial(c, 2), binomial(c, 3)
+        histories = {(0,)}  # snapshot positions held at stop n (the state n - 1 is in hand)
+        for n in range(2, hi):
+            grown = set()
+            for held in histories:
+                candidates = (*held[1:], n - 1)
+                for k in range(min(c - 1, len(candidates)) + 1):
+                    grown.update((0, *kept) for kept in itertools.combinations(candidates, k))
+            if n + 1 > lo:
+                grown = {h for h in grown if placement_cost(n + 1, h, c) == optimal_cost(n + 1, c)}
+            histories = grown
+            if not histories:
+                break
+        assert not histories and n + 1 <= lo + 3, (c, n)
 
 
 def test_stumm_walther_worked_example_c3():
-    """The first algorithm with three slots, stop by stop (derived by hand from the rule).
+    """Both algorithms with three slots, stop by stop (derived by hand from the rules).
 
-    Fill 0, 1, 2; round o=2 skips 3, stores 4 (slot 2) and 5 (slot 1); round o=1 skips 6,
-    stores 7 (slot 1). At n = C(5, 2) = 10 the segments are 4, 3, 2 = c+1, c, c-1.
+    First algorithm: fill 0, 1, 2; round o=2 skips 3, stores 4 (slot 2) and 5 (slot 1); round
+    o=1 skips 6, stores 7 (slot 1). At n = C(5, 2) = 10 the segments are 4, 3, 2 = c+1, c, c-1.
+
+    Second algorithm (targets: Revolve's placement for C(6, 3) = 20, positions 0, 10, 16):
+    every third step the newest state replaces the latest snapshot whose two neighbouring
+    segments, merged, fit the bound C(s+2, 2) for the merged segment's s slots, and targets
+    are kept. Store 10 releasing 7 (4..7 and 7..10 merge into 6 <= C(4, 2), two slots); store
+    13 releasing 4 (10 is a target; 0..4 and 4..10 merge into 10 <= C(5, 2), three slots);
+    store 16 releasing 13. At n = 20 the segments are 10, 6, 3. Each store costs one step
+    above `t(n, 3)` at the next stop (12, 15, 18): one stop in three, the least possible.
     """
-    schedule = online_schedule(10, 3)
+    schedule = online_schedule(20, 3)
     expected = {
         1: (0,),
         2: (0,),
@@ -160,10 +241,21 @@ def test_stumm_walther_worked_example_c3():
         8: (0, 4, 5),
         9: (0, 4, 7),
         10: (0, 4, 7),
+        11: (0, 4, 7),
+        12: (0, 4, 10),
+        13: (0, 4, 10),
+        14: (0, 4, 10),
+        15: (0, 10, 13),
+        16: (0, 10, 13),
+        17: (0, 10, 13),
+        18: (0, 10, 16),
+        19: (0, 10, 16),
+        20: (0, 10, 16),
     }
     for n, positions in expected.items():
         assert schedule.positions(n) == positions, n
-        assert simulate(schedule, n).forward_steps == optimal_cost(n, 3)
+        excess = simulate(schedule, n).forward_steps - optimal_cost(n, 3)
+        assert excess == (1 if n in (12, 15, 18) else 0), n
 
 
 def test_importing_schedules_does_not_import_jax():

@@ -6,8 +6,8 @@ the tables built here.
 
 - `offline_schedule(n, c)`: Revolve, optimal `t(n, c)` forward steps (Griewank 1992; Griewank &
   Walther 2000, ACM TOMS 26, Algorithm 799).
-- `online_schedule(max_steps, c)`: for loops that stop early (Stumm & Walther 2010, SISC 32(2);
-  Wang, Moin & Iaccarino 2009, SISC 31(4)).
+- `online_schedule(max_steps, c)`: for loops that stop early (Stumm & Walther 2010, SISC 32(2)):
+  optimal up to `C(c+2, 2)` steps, at most one step above the optimum up to `C(c+3, 3)`.
 - `simulate(schedule, n)`: recomputations, peak snapshots and reversal order.
 - `plan(...)`: from bytes per snapshot and a memory budget to a regime and `c`.
 """
