@@ -3,12 +3,11 @@
 from collections.abc import Callable
 
 import equinox as eqx
-import jax
 import jax.random as jr
 import jax.tree_util as jtu
-from jax import lax
 
-from . import _stacking
+from . import _stacking, _tree
+from ._indexed import indexed_scan
 from ._layers import apply_unit, keeps_carry, unit_step
 
 
@@ -37,10 +36,11 @@ class CheckpointedSequential(eqx.nn.StatefulLayer):
     """An `eqx.nn.Sequential` whose layers are rematerialised in the backward pass.
 
     Called exactly as `eqx.nn.Sequential` (same keys per layer, same state updates). Runs of a
-    repeated unit of layers (one layer, or a few such as `Linear, Lambda(relu)`) are stacked and
-    applied by `lax.scan` over a `jax.checkpoint`-ed unit: the reverse pass stores each unit's
-    input and recomputes one unit at a time, a saving that is structural, on every backend.
-    Other layers are checkpointed one by one (`Checkpointed`).
+    repeated unit of layers (one layer, or a few such as `Linear, Lambda(relu)`) are applied by
+    a scan over the repeats whose step `i` takes repeat `i`'s parameters by index (no stacked
+    copy of the parameters, nor of their gradients): the reverse pass stores each unit's input
+    and recomputes one unit at a time, in a loop, a saving that is structural, on every
+    backend. Other layers are checkpointed one by one (`Checkpointed`).
     """
 
     layers: tuple
@@ -61,13 +61,9 @@ class CheckpointedSequential(eqx.nn.StatefulLayer):
     def _run(self, layers, period, x, keys, state):
         units = [layers[i : i + period] for i in range(0, len(layers), period)]
         if len(units) > 1:
-            key_rows = None if keys[0] is None else keys.reshape(len(units), period)
-            gathered = None if state is None else _stacking.gather_state(state, units)
-            step, xs = unit_step(_stacking.stack(units), key_rows, gathered, _stateful)
-            if keeps_carry(step, x, xs):
-                body = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
-                x, leaves = lax.scan(body, x, xs)
-                return x, None if state is None else gathered.write_back(state, leaves)
+            out = _scan_units(units, x, keys, state, self.policy)
+            if out is not None:
+                return out
         remat = [Checkpointed(layer, self.policy) for layer in layers]
         return apply_unit(remat, x, keys, state, _stateful)
 
@@ -76,6 +72,24 @@ class CheckpointedSequential(eqx.nn.StatefulLayer):
 
     def __len__(self) -> int:
         return len(self.layers)
+
+
+def _scan_units(units: list, x, keys, state, policy):
+    """`units` (repeats of one unit of layers) applied by `indexed_scan`; returns `(x, state)`,
+    or `None` if the unit changes the structure, shape or dtype of `x`."""
+    key_rows = None if keys[0] is None else keys.reshape(len(units), len(units[0]))
+    gathered = None if state is None else _stacking.gather_state(state, units)
+    # Flat leaves: the repeats' trees differ in their state markers, not in their arrays.
+    params, static = eqx.partition(units[0], eqx.is_array)
+    treedef = jtu.tree_structure(params)
+    params = tuple(jtu.tree_leaves(eqx.filter(unit, eqx.is_array)) for unit in units)
+    unit = unit_step(static, gathered, _stateful)
+    step = lambda leaves, x, inputs: unit(jtu.tree_unflatten(treedef, leaves), x, inputs)
+    xs = (key_rows, None if gathered is None else gathered.leaves)
+    if not keeps_carry(step, params[0], x, _tree.index(xs, 0)):
+        return None
+    x, leaves = indexed_scan(step, params, x, xs, policy)
+    return x, None if state is None else gathered.write_back(state, leaves)
 
 
 def _is_sequence(node) -> bool:
@@ -120,9 +134,11 @@ def checkpoint_layers(model, where: Callable | None = None, policy: Callable | N
     `model`, so gradients and optimiser states line up), whose selected nodes are replaced:
 
     - an `eqx.nn.Sequential` by a `CheckpointedSequential`: runs of layers of one structure
-        (same pytree structure, array shapes and dtypes, equal static parts) are stacked and
-        applied with `lax.scan` over a checkpointed layer, which saves memory on every backend,
-        XLA:CPU included; the other layers are checkpointed one by one;
+        (same pytree structure, array shapes and dtypes, equal static parts) are applied by a
+        scan over the layers that takes layer `i`'s parameters by index (they are not stacked:
+        no copy of the parameters or of their gradients), storing each layer's input and
+        recomputing one layer at a time, which saves memory on every backend, XLA:CPU
+        included; the other layers are checkpointed one by one;
     - a list or tuple of blocks, or a selected module, by `Checkpointed` layers (per-layer
         `jax.checkpoint`): the model's own code iterates over them, so they cannot be stacked.
         This saves memory on GPU/TPU; XLA:CPU reorders the recomputation of a straight chain

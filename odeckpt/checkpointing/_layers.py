@@ -24,29 +24,29 @@ def apply_unit(unit, x, keys, state, stateful: Callable[[Any], bool]):
     return x, state
 
 
-def unit_step(units, keys, state, stateful) -> tuple[Callable, Any]:
-    """The scan body applying one repeat of `units` (a tuple of `p` layers whose array leaves
-    are stacked over `k` repeats), and the scanned inputs `xs` it reads.
+def unit_step(static, state, stateful: Callable[[Any], bool]) -> Callable:
+    """The step applying one repeat of a unit of `p` layers: `step(params, x, (keys, leaves))
+    -> (x, leaves)`, the unit being `eqx.combine(params, static)`.
 
-    `keys`: `[k, p]` keys or `None`; `state`: a `StackedState` or `None`. The body returns
-    `(x, leaves)`: the output and the repeat's updated state leaves (`None` without state).
+    `keys`: `[p]` keys or `None`; `state`: a `StackedState` (whose `step` rebuilds one repeat's
+    state from its `leaves`) or `None`; the step returns the repeat's updated state leaves
+    (`None` without state).
     """
-    params, static = eqx.partition(units, eqx.is_array)
-    no_keys = (None,) * len(units)
 
-    def step(x, inputs):
-        params, keys, leaves = inputs
+    def step(params, x, inputs):
+        keys, leaves = inputs
+        unit = eqx.combine(params, static)
         one = None if state is None else jtu.tree_unflatten(state.step, leaves)
-        x, one = apply_unit(eqx.combine(params, static), x, no_keys if keys is None else keys,
-                            one, stateful)  # fmt: skip
+        x, one = apply_unit(unit, x, (None,) * len(unit) if keys is None else keys, one, stateful)
         return x, None if one is None else jtu.tree_leaves(one)
 
-    return step, (params, keys, None if state is None else state.leaves)
+    return step
 
 
-def keeps_carry(step: Callable, x, xs) -> bool:
-    """Whether `step` returns an output of the structure, shapes and dtypes of `x`."""
-    out = jax.eval_shape(step, x, jtu.tree_map(lambda a: a[0], xs))[0]
+def keeps_carry(step: Callable, params, x, inputs) -> bool:
+    """Whether `step(params, x, inputs)` returns an output of the structure, shapes and dtypes
+    of `x`."""
+    out = jax.eval_shape(step, params, x, inputs)[0]
     described = lambda t: [(jnp.shape(a), jnp.result_type(a)) for a in jtu.tree_leaves(t)]
     same_tree = jtu.tree_structure(out) == jtu.tree_structure(x)
     return same_tree and described(out) == described(x)
@@ -101,6 +101,8 @@ def checkpointed_layers(
     - `state`: an `eqx.nn.State` holding the entries of the layers (stacked when the layers
         are, as `eqx.filter_vmap(eqx.nn.make_with_state(make_layer))(keys)` makes them). Each
         layer is then called as `layer(x, state=state, key=k) -> (x, state)` with its own slice.
+        Under `jax.vmap(..., axis_name=...)` collectives such as the `lax.pmean` of
+        `eqx.nn.BatchNorm` work, in the reverse pass too.
     - `checkpoints`, `memory_budget`: as `checkpointed_scan` (`checkpoints=c`: `c` stored layer
         inputs; neither: the default 64 MiB budget).
 
@@ -119,9 +121,6 @@ def checkpointed_layers(
 
     ```
 
-    Limitation: under `jax.vmap` with `axis_name` (as `eqx.nn.BatchNorm` needs), the
-    checkpointed loop does not yet support collectives; use `checkpoint_layers` there.
-
     **References:** Griewank & Walther (2000), "Algorithm 799: Revolve", ACM TOMS 26(1).
     """
     units, n = _stacked_layers(layers)
@@ -132,6 +131,9 @@ def checkpointed_layers(
     else:
         gathered = _stacking.stacked_state(state, layers)
     keys = None if key is None else jr.split(key, n)[:, None]
-    step, xs = unit_step((units,), keys, gathered, lambda layer: state is not None)
-    x, leaves = checkpointed_scan(step, x, xs, checkpoints=checkpoints, memory_budget=memory_budget)
+    params, static = eqx.partition((units,), eqx.is_array)
+    step = unit_step(static, gathered, lambda layer: state is not None)
+    body = lambda x, inputs: step(inputs[0], x, inputs[1])
+    xs = (params, (keys, None if gathered is None else gathered.leaves))
+    x, leaves = checkpointed_scan(body, x, xs, checkpoints=checkpoints, memory_budget=memory_budget)
     return x if state is None else (x, gathered.write_back(state, leaves))

@@ -4,13 +4,19 @@
 `linear_call(jvp_fn, vjp_fn, residuals, tangents)`. Under `jax.jvp` the primitive evaluates
 `jvp_fn` (a forward-mode loop, no storage). Under `jax.grad` JAX transposes it, which calls
 `vjp_fn`: the checkpointed reverse sweep over the snapshots in `residuals`. Under `vmap` both
-functions are vmapped. Built on JAX's public extension API (`jax.extend.core.Primitive`).
+functions are vmapped over the same named axis (collectives such as `lax.pmean` work in the
+reverse sweep too), and outputs that `vmap` leaves unbatched stay unbatched. Differentiated
+again with respect to its residuals (second order), it adds the product-rule term, plain JAX
+code. Built on JAX's public extension API (`jax.extend.core.Primitive`,
+`jax.interpreters.batching.fancy_primitive_batchers` for the axis name).
 """
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -65,36 +71,86 @@ def _transpose(cts, *args, fun, fun_t, n_res, out_avals, lin_avals):
 
 
 def _jvp(primals, tangents, *, fun, fun_t, n_res, out_avals, lin_avals):
-    if any(type(t) is not ad.Zero for t in tangents[:n_res]):
-        raise NotImplementedError(
-            "second-order forward-over-reverse (or forward-over-forward) differentiation "
-            "through checkpointed_scan / bounded_while_loop is not supported; differentiate "
-            "once, or use lax.scan for the inner derivative"
-        )
     params = dict(fun=fun, fun_t=fun_t, n_res=n_res, out_avals=out_avals, lin_avals=lin_avals)
+    residuals, linear = list(primals[:n_res]), list(primals[n_res:])
     out = linear_p.bind(*primals, **params)
     lin_t = [
         jnp.zeros(a.shape, a.dtype) if type(t) is ad.Zero else t
         for t, a in zip(tangents[n_res:], lin_avals, strict=True)
     ]
-    return out, linear_p.bind(*primals[:n_res], *lin_t, **params)
+    out_t = linear_p.bind(*residuals, *lin_t, **params)
+    res_t = tangents[:n_res]
+    if all(type(t) is ad.Zero for t in res_t):
+        return out, out_t
+    # Second order (forward over forward, reverse over forward): `fun` is linear in `linear`
+    # only, so the product rule adds its derivative along the residuals, plain JAX code
+    # (`jvp_fn` differentiated once more, without checkpointing) that JAX handles itself.
+    res_t = [ad.instantiate_zeros(t) for t in res_t]
+    along = jax.jvp(lambda r: fun(r, linear), (residuals,), (res_t,))[1]
+    return out, [a + b for a, b in zip(out_t, along, strict=True)]
 
 
-def _batch(args, dims, *, fun, fun_t, n_res, out_avals, lin_avals):
-    size = next(jnp.shape(a)[d] for a, d in zip(args, dims, strict=True) if d is not None)
-    residuals, res_dims = list(args[:n_res]), list(dims[:n_res])
-    linear = [
-        jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args[n_res:], dims[n_res:], strict=True)
-    ]
-    fun_b = jax.vmap(fun, in_axes=(res_dims, 0))
-    fun_t_b = jax.vmap(fun_t, in_axes=(res_dims, 0))
-    batched = lambda avals: tuple(jax.core.ShapedArray((size, *a.shape), a.dtype) for a in avals)
+def _batch(axis, args, dims, *, fun, fun_t, n_res, out_avals, lin_avals):
+    """`vmap` of the primitive: `fun` and `fun_t` vmapped over the same named axis (so that
+    collectives such as `lax.pmean` inside the loop find it in the reverse sweep too), with
+    unbatched inputs and outputs kept unbatched."""
+    params = dict(n_res=n_res)
+    if all(d is None for d in dims):
+        out = linear_p.bind(*args, fun=fun, fun_t=fun_t, out_avals=out_avals,
+                            lin_avals=lin_avals, **params)  # fmt: skip
+        return out, [None] * len(out)
+    vmap = partial(
+        jax.vmap, axis_name=axis.name, axis_size=axis.size, spmd_axis_name=axis.spmd_name
+    )
+    res_dims = list(dims[:n_res])
+    lin_args = zip(args[n_res:], dims[n_res:], strict=True)
+    linear = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in lin_args]
+    lin_dims = [None if d is None else 0 for d in dims[n_res:]]
+    in_axes = (res_dims, lin_dims)
+    out_dims = _out_dims(fun, vmap, in_axes, args[:n_res], linear, len(out_avals))
+    fun_b = vmap(fun, in_axes=in_axes, out_axes=out_dims)
+    vmapped_t = vmap(fun_t, in_axes=(res_dims, out_dims))
+
+    def fun_t_b(residuals, cts):
+        # An unbatched output is one value that every lane computes alike: each lane takes
+        # `1/size` of its cotangent. An unbatched linear input is used by every lane: its
+        # cotangent sums over them.
+        cts = [ct if d == 0 else ct / axis.size for ct, d in zip(cts, out_dims, strict=True)]
+        cts = vmapped_t(residuals, cts)
+        return [ct if d == 0 else jnp.sum(ct, axis=0) for ct, d in zip(cts, lin_dims, strict=True)]
+
+    batched = lambda a, d: a if d is None else jax.core.ShapedArray((axis.size, *a.shape), a.dtype)
     out = linear_p.bind(
-        *residuals, *linear, fun=fun_b, fun_t=fun_t_b, n_res=n_res,
-        out_avals=batched(out_avals), lin_avals=batched(lin_avals),
+        *args[:n_res], *linear, fun=fun_b, fun_t=fun_t_b,
+        out_avals=tuple(map(batched, out_avals, out_dims)),
+        lin_avals=tuple(map(batched, lin_avals, lin_dims)), **params,
     )  # fmt: skip
-    return out, [0] * len(out)
+    return out, out_dims
+
+
+def _out_dims(fun: Callable, vmap: Callable, in_axes, residuals, linear, n_out: int) -> list:
+    """Which outputs of `vmap(fun, in_axes)` are batched (`0`) or not (`None`, e.g. after a
+    `lax.psum` over the axis): traced once on shapes, each output passed through a
+    `custom_vmap` identity that notes whether `vmap` hands it a batched value."""
+    batched = [False] * n_out
+
+    def noted(i: int, x):
+        @custom_vmap
+        def note(x):
+            return x
+
+        @note.def_vmap
+        def _rule(axis_size, in_batched, x):
+            del axis_size
+            batched[i] = bool(in_batched[0])
+            return x, in_batched[0]
+
+        return note(x)
+
+    marked = lambda residuals, linear: [noted(i, x) for i, x in enumerate(fun(residuals, linear))]
+    structs = lambda xs: [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
+    jax.eval_shape(vmap(marked, in_axes=in_axes), structs(residuals), structs(linear))
+    return [0 if b else None for b in batched]
 
 
 linear_p.def_impl(_impl)
@@ -102,4 +158,4 @@ linear_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(linear_p, mlir.lower_fun(_impl, multiple_results=True))
 ad.primitive_transposes[linear_p] = _transpose
 ad.primitive_jvps[linear_p] = _jvp
-batching.primitive_batchers[linear_p] = _batch
+batching.fancy_primitive_batchers[linear_p] = _batch
