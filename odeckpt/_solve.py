@@ -183,7 +183,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     )
     ts_out, ys_out, dense = _collect(loop, saveat, direction, t0, y0, ts, state, outputs)
     if options.throw:
-        ys_out, dense = status.error_if((ys_out, dense), status != Status.successful)
+        ys_out, dense = _raise_if_failed(status, (ys_out, dense))
     stats = Stats(
         num_steps=state.num_steps,
         num_accepted_steps=state.num_accepted,
@@ -195,6 +195,20 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_recomputed_steps=recomputed,
     )
     return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
+
+
+def _raise_if_failed(status: Status, tree):
+    """`tree` unchanged; raises at run time (through `eqx.error_if`) if the solve failed.
+
+    The check runs on a scalar and reaches `tree` through an exact `x - 0`, instead of passing
+    `tree` through the check's `lax.cond`: XLA places a `cond` holding a host callback on one
+    device, which would gather a sharded state there (see docs/scaling.md).
+    """
+    failed = status != Status.successful
+    if not jax.tree.leaves(tree):
+        return status.error_if(tree, failed)
+    zero = status.error_if(jnp.zeros((), jnp.int8), failed)
+    return jax.tree.map(lambda x: x - zero.astype(x.dtype), tree)
 
 
 def _collect(
