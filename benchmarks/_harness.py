@@ -210,6 +210,17 @@ class Column:
     fmt: str = ""
 
 
+TIMING_COLUMNS = [
+    Column("odeckpt_run_ms", "run odeckpt (ms)", ".3g"),
+    Column("diffrax_run_ms", "run diffrax (ms)", ".3g"),
+    Column("run_ratio", "run ratio", ".2f"),
+    Column("odeckpt_compile_s", "compile odeckpt (s)", ".2f"),
+    Column("diffrax_compile_s", "compile diffrax (s)", ".2f"),
+    Column("compile_ratio", "compile ratio", ".2f"),
+]
+"""Run and compile time of odeckpt and diffrax, and their ratios (`compare`'s keys)."""
+
+
 def markdown_table(records: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
     """`records` as a markdown table with one row per record."""
 

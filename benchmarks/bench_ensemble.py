@@ -40,6 +40,7 @@ import diffrax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _harness import (  # noqa: E402
+    TIMING_COLUMNS,
     Column,
     Timing,
     compare,
@@ -148,12 +149,7 @@ COLUMNS = [
     Column("lanes", "lanes"),
     Column("odeckpt_steps", "steps/lane odeckpt mean (max)"),
     Column("diffrax_steps", "steps/lane diffrax mean (max)"),
-    Column("odeckpt_run_ms", "run odeckpt (ms)", ".3g"),
-    Column("diffrax_run_ms", "run diffrax (ms)", ".3g"),
-    Column("run_ratio", "run ratio", ".2f"),
-    Column("odeckpt_compile_s", "compile odeckpt (s)", ".2f"),
-    Column("diffrax_compile_s", "compile diffrax (s)", ".2f"),
-    Column("compile_ratio", "compile ratio", ".2f"),
+    *TIMING_COLUMNS,
     Column("rel_diff", "rel. diff", ".1e"),
 ]
 

@@ -43,7 +43,14 @@ jax.config.update("jax_enable_x64", True)
 import diffrax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _harness import Column, Timing, compare, environment, write_results  # noqa: E402
+from _harness import (  # noqa: E402
+    TIMING_COLUMNS,
+    Column,
+    Timing,
+    compare,
+    environment,
+    write_results,
+)
 from bench_forward import lotka_volterra, neural_ode  # noqa: E402
 
 import odeckpt  # noqa: E402
@@ -326,12 +333,7 @@ COLUMNS = [
     Column("setting", "setting"),
     Column("odeckpt_steps", "steps odeckpt"),
     Column("diffrax_steps", "steps diffrax"),
-    Column("odeckpt_run_ms", "run odeckpt (ms)", ".3g"),
-    Column("diffrax_run_ms", "run diffrax (ms)", ".3g"),
-    Column("run_ratio", "run ratio", ".2f"),
-    Column("odeckpt_compile_s", "compile odeckpt (s)", ".2f"),
-    Column("diffrax_compile_s", "compile diffrax (s)", ".2f"),
-    Column("compile_ratio", "compile ratio", ".2f"),
+    *TIMING_COLUMNS,
     Column("odeckpt_temp_mib", "temp odeckpt (MiB)", ".3g"),
     Column("diffrax_temp_mib", "temp diffrax (MiB)", ".3g"),
     Column("memory_ratio", "memory ratio", ".2f"),
