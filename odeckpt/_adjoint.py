@@ -2,6 +2,7 @@
 
 import abc
 import dataclasses
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -10,9 +11,9 @@ import jax.numpy as jnp
 from ._integrate import Loop, LoopState, apply_writes
 from ._types import IntScalar, Y
 from .checkpointing import bounded_while_loop, parse_memory, while_loop_plan
-from .checkpointing._cost import recomputed_steps
+from .checkpointing._cost import offload_recomputed_steps, recomputed_steps
 from .checkpointing._linear import linear_call
-from .checkpointing.schedules import offline_schedule, online_schedule
+from .checkpointing.schedules import offline_schedule, online_schedule, plan as plan_schedule
 
 _UNBOUNDED = 2**62
 """A memory budget that always admits the residuals regime: store every step's VJP residuals."""
@@ -68,6 +69,9 @@ def _checkpointed_stats(
     if the_plan.regime == "residuals":
         return 0, jnp.zeros((), jnp.int32)
     c = the_plan.checkpoints
+    if the_plan.offload is not None:
+        slots = c + the_plan.host_checkpoints
+        return slots, offload_recomputed_steps(the_plan.segment, c, num_steps)
     schedule = (online_schedule if the_plan.online else offline_schedule)(the_plan.steps, c)
     return c, recomputed_steps(schedule, num_steps)
 
@@ -130,20 +134,33 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
     - `checkpoints`: number of snapshots `c >= 1`; memory is `c` step states.
     - `memory_budget`: bytes (int) or a string such as `"2GB"`; `c` is chosen from the size of
         the step state.
+    - `offload`: `None`, or `"host"`: the snapshots go to host memory
+        (`memory_kind="pinned_host"`) every `segment` steps, and the backward pass copies each
+        segment's start back to the device and reverses the segment there by Revolve (two
+        levels; see `odeckpt.checkpointing.bounded_while_loop`). `checkpoints` and
+        `memory_budget` may then be dicts `{"device": ..., "host": ...}` (a plain value is the
+        host's; defaults: 4 device slots, a 4 GiB host budget). `sol.stats.num_checkpoints`
+        counts the slots on both levels. Raises a `ValueError` on a backend without host
+        memory; on CPU (one RAM for both) the schedule runs and nothing is copied.
 
     **Example:**
 
     ```python
     adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=16)
     grad = jax.grad(lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint).ys[-1].sum())
+    offloaded = odeckpt.RecursiveCheckpointAdjoint(
+        memory_budget={"device": "1GB", "host": "32GB"}, offload="host"
+    )
     ```
 
     **References:** Griewank & Walther (2000), ACM TOMS 26, Algorithm 799 (Revolve); Stumm &
-    Walther (2010), SIAM J. Sci. Comput. 32(2).
+    Walther (2010), SIAM J. Sci. Comput. 32(2); two levels: Stumm & Walther (2009), SIAM J.
+    Sci. Comput. 31(3); Aupy & Herrmann (2019), Optim. Methods Softw. 34(6).
     """
 
-    checkpoints: int | None = None
-    memory_budget: int | str | None = None
+    checkpoints: int | dict[str, int] | None = None
+    memory_budget: int | str | dict[str, int | str] | None = None
+    offload: Literal["host"] | None = None
 
     def __check_init__(self):
         if self.checkpoints is not None and self.memory_budget is not None:
@@ -151,6 +168,14 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
                 "RecursiveCheckpointAdjoint takes checkpoints= or memory_budget=, not both. "
                 "Fix: drop one of them."
             )
+        two_level = any(isinstance(v, dict) for v in (self.checkpoints, self.memory_budget))
+        if self.offload is not None or two_level:
+            try:  # the planner's checks of the offload value and the two-level budgets
+                plan_schedule(1, 1, checkpoints=self.checkpoints,
+                              memory_budget=self.memory_budget, offload=self.offload)  # fmt: skip
+            except ValueError as e:
+                raise ValueError(f"RecursiveCheckpointAdjoint: {e}") from None
+            return
         if self.checkpoints is not None and (
             isinstance(self.checkpoints, bool)
             or not isinstance(self.checkpoints, int)
@@ -171,6 +196,8 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
 
     def _plan(self, loop: Loop) -> dict:
         plan = dict(checkpoints=self.checkpoints, memory_budget=self.memory_budget)
+        if self.offload is not None:
+            plan["offload"] = self.offload
         if loop.num_steps is not None:
             # Constant steps over a known span: the offline optimal schedule (one spare step
             # guards against the count being off by rounding; a finished loop skips it).

@@ -39,6 +39,17 @@ def recomputed_steps(schedule: Schedule, n: jax.Array) -> jax.Array:
     return jnp.sum(cost - last).astype(_INT)
 
 
+def offload_recomputed_steps(segment: int, checkpoints: int, n: jax.Array) -> jax.Array:
+    """Forward steps the two-level reverse sweep (`offload="host"`) recomputes after the loop
+    ran `n` steps: `schedules.offload_cost(n, segment, checkpoints) - (n - 1)`, as int32."""
+    n = jnp.asarray(n, _INT)
+    table = _table(checkpoints, segment)
+    last = jnp.maximum(n - 1, 0) // segment
+    full = _optimal_cost(jnp.asarray(segment, _INT), checkpoints, table)
+    rest = _optimal_cost(jnp.maximum(n - 1 - last * segment, 0), checkpoints, table)
+    return jnp.where(n >= 1, last * full + rest, 0).astype(_INT)
+
+
 def _optimal_cost(length, slots, table):
     """`t(length, slots) = r * length - beta(slots + 1, r - 1)` (0 for `length <= 1`)."""
     r = jnp.sum(table[slots] < length).astype(_INT)

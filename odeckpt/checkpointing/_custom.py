@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from . import _tree
+from . import _offload, _tree
 from ._linear import linear_call
 from ._loop import Loop, forward, reverse
 from ._vmap import any_lane
@@ -116,6 +116,8 @@ def run(loop: Loop, plan: Plan | Callable[[], Plan], params, init, xs, buffers):
 
 def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
     """Snapshots of the state, replayed by the reverse sweep (states or binomial regimes)."""
+    if plan.offload is not None:
+        return _offloaded(loop, plan)
     c = plan.checkpoints
     schedule = (online_schedule if plan.online else offline_schedule)(loop.steps, c)
 
@@ -128,6 +130,24 @@ def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
         params, _, xs, _ = primals
         ct_state, ct_buffers = ct
         return reverse(loop, params, xs, saved, ct_state, ct_buffers, c, want)
+
+    return fwd, bwd
+
+
+def _offloaded(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
+    """Snapshots every `plan.segment` steps in host memory, Revolve on the device between."""
+    segment, c = plan.segment, plan.checkpoints
+
+    def fwd(params, init, xs, buffers):
+        slots = plan.host_checkpoints
+        state, buffers, saved = _offload.forward(loop, params, init, xs, buffers, segment, slots)
+        return (state, buffers), saved
+
+    def bwd(primals, saved, ct, out_structs, want):
+        del out_structs
+        params, _, xs, _ = primals
+        ct_state, ct_buffers = ct
+        return _offload.reverse(loop, params, xs, saved, ct_state, ct_buffers, segment, c, want)
 
     return fwd, bwd
 

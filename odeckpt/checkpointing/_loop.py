@@ -123,19 +123,43 @@ def reverse(
     whether the cotangents of `params` and `xs` are needed (else `None`: no `[n, ...]` buffer
     for constant `xs`).
     """
-    want_params, want_xs = want
     n, held, snaps, pos, tape = residuals
-    recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
     c = checkpoints
-    table = jnp.asarray(binomial_table(c, loop.steps), _INT)
     big = jnp.iinfo(_INT).max
     perm = jnp.argsort(jnp.where(pos >= 0, pos, big)).astype(_INT)
     stack = pos[perm]
     k = jnp.sum(pos >= 0).astype(_INT)
-    params_f, params_rest = _tree.split_inexact(params)
-    ct_params = _tree.zeros_like(params_f) if want_params else None
-    ct_xs = None if xs is None or not want_xs else _tree.zeros_like(_tree.split_inexact(xs)[0])
+    ct_params, ct_xs = cotangent_zeros(params, xs, want)
+    body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, ct_xs, want)
     carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
+    out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
+    ct_state, ct_params, ct_xs, ct_buffers = out[6:]
+    return ct_params, ct_state, ct_xs, ct_buffers
+
+
+def cotangent_zeros(params, xs, want: tuple[bool, bool]):
+    """Zero cotangents `(ct_params, ct_xs)` of the inexact leaves, `None` where not wanted."""
+    want_params, want_xs = want
+    ct_params = _tree.zeros_like(_tree.split_inexact(params)[0]) if want_params else None
+    ct_xs = None if xs is None or not want_xs else _tree.zeros_like(_tree.split_inexact(xs)[0])
+    return ct_params, ct_xs
+
+
+def reverse_body(
+    loop: Loop, params, xs, tape, c: int, length: int, perm, ct_xs0,
+    want: tuple[bool, bool],
+):  # fmt: skip
+    """One iteration of the reverse sweep, on the carry `(end, cur, k, stack, held, snaps,
+    ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot if no state is in hand
+    (`cur < 0`), store the state in hand if Revolve's split says so, then reverse step
+    `end - 1` or advance one step. `stack[:k]` are the stored positions (sorted), `perm[j]`
+    the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the table of
+    binomials sized for it); `ct_xs0` is the initial `ct_xs` (its structure only).
+    """
+    want_params, want_xs = want
+    recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
+    table = jnp.asarray(binomial_table(c, length), _INT)
+    params_f, params_rest = _tree.split_inexact(params)
 
     def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
         state_f, state_rest = _tree.split_inexact(state)
@@ -180,7 +204,7 @@ def reverse(
 
         def fwd(held, ct_state, ct_params):
             new, idx, *_ = loop.step(params, held, _x(xs, cur), cur, recorded(cur))
-            ct_x = None if ct_xs is None else _tree.zeros_like(_tree.index(ct_xs, 0))
+            ct_x = None if ct_xs0 is None else _tree.zeros_like(_tree.index(ct_xs0, 0))
             return new, ct_state, ct_params, ct_x, _tree.dropped(idx)
 
         is_rev = cur == end - 1
@@ -194,9 +218,7 @@ def reverse(
         k = k - pop.astype(_INT)
         return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
 
-    out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
-    ct_state, ct_params, ct_xs, ct_buffers = out[6:]
-    return ct_params, ct_state, ct_xs, ct_buffers
+    return body
 
 
 def _store(stack, pred, i, value):

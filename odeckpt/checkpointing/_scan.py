@@ -1,7 +1,7 @@
 """`checkpointed_scan`: `lax.scan` whose reverse-mode memory is set by a number of snapshots."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from . import _tree
+from . import _host, _tree
 from ._custom import convert, run
 from ._loop import Loop
 from .schedules import Plan, plan
@@ -48,7 +48,9 @@ def _check_body(f, init, x):
 
 def scan_plan(
     f: Callable, init: Any, xs: Any = None, length: int | None = None, *,
-    checkpoints: int | None = None, memory_budget: int | str | None = None,
+    checkpoints: int | dict[str, int] | None = None,
+    memory_budget: int | str | dict[str, int | str] | None = None,
+    offload: Literal["host"] | None = None,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `checkpointed_scan` with the same arguments follows.
 
@@ -59,6 +61,10 @@ def scan_plan(
     >>> p = scan_plan(lambda c, x: (c * x, c), jnp.ones(4), jnp.ones((1000, 4)))
     >>> p.regime
     'residuals'
+    >>> p = scan_plan(lambda c, x: (c * x, c), jnp.ones(4), jnp.ones((1000, 4)),
+    ...               checkpoints={"device": 4, "host": 10}, offload="host")
+    >>> p.offload, p.segment, p.checkpoints, p.host_checkpoints
+    ('host', 100, 4, 10)
 
     ```
     """
@@ -68,13 +74,18 @@ def scan_plan(
     _check_body(f, init, x)
     step = lambda c, x: f(c, x)[0]
     residuals = jax.eval_shape(lambda c, x: jtu.tree_leaves(jax.vjp(step, c, x)[1]), init, x)
-    return plan(n, _tree.nbytes(init), _tree.nbytes(residuals),
-                checkpoints=checkpoints, memory_budget=memory_budget)  # fmt: skip
+    the_plan = plan(n, _tree.nbytes(init), _tree.nbytes(residuals), checkpoints=checkpoints,
+                    memory_budget=memory_budget, offload=offload)  # fmt: skip
+    if offload is not None:
+        _host.check_host_memory("checkpointed_scan")
+    return the_plan
 
 
 def checkpointed_scan(
     f: Callable, init: Any, xs: Any = None, length: int | None = None, *,
-    checkpoints: int | None = None, memory_budget: int | str | None = None,
+    checkpoints: int | dict[str, int] | None = None,
+    memory_budget: int | str | dict[str, int | str] | None = None,
+    offload: Literal["host"] | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """`lax.scan` with a reverse pass whose memory you choose: Revolve binomial checkpointing.
 
@@ -94,6 +105,13 @@ def checkpointed_scan(
     - Neither: the default budget `schedules.DEFAULT_MEMORY_BUDGET` (64 MiB), at least
         4 snapshots: small states take the fast residual path, large ones stay bounded.
         `scan_plan` reports the choice.
+    - `offload`: `"host"` keeps snapshots in host memory (`memory_kind="pinned_host"`), every
+        `segment` steps, and reverses each segment on the device by Revolve from its start,
+        copied back (one copy each way per segment). Then `checkpoints` and `memory_budget`
+        may be dicts `{"device": ..., "host": ...}`; a plain value is the host's; see
+        `schedules.plan` for the defaults (device: 4 slots; host: 4 GiB). Raises a
+        `ValueError` on a backend without host memory. On CPU host and device memory are the
+        same RAM: the schedule runs, nothing is copied.
 
     **Returns:** `(carry, ys)`, differentiable in reverse mode (`jax.grad`, `jax.vjp`: the
     checkpointed reverse sweep) and in forward mode (`jax.jvp`: a forward-mode loop, no
@@ -110,14 +128,22 @@ def checkpointed_scan(
     >>> ref = lambda x0: jax.lax.scan(f, x0, jnp.ones((100, 3)))[0].sum()
     >>> bool(jnp.allclose(jax.grad(loss)(jnp.ones(3)), jax.grad(ref)(jnp.ones(3))))
     True
+    >>> host = {"device": 2, "host": 10}  # 10 host snapshots, 2 device slots
+    >>> off = lambda x0: checkpointed_scan(
+    ...     f, x0, jnp.ones((100, 3)), checkpoints=host, offload="host")[0].sum()
+    >>> bool(jnp.allclose(jax.grad(off)(jnp.ones(3)), jax.grad(ref)(jnp.ones(3))))
+    True
 
     ```
 
     **References:** Griewank (1992), "Achieving logarithmic growth of temporal and spatial
     complexity in reverse automatic differentiation"; Griewank & Walther (2000), "Algorithm
-    799: Revolve", ACM TOMS 26(1).
+    799: Revolve", ACM TOMS 26(1); two levels: Stumm & Walther (2009), "MultiStage approaches
+    for optimal offline checkpointing", SIAM J. Sci. Comput. 31(3); Aupy & Herrmann (2019),
+    "Periodicity in optimal hierarchical checkpointing schemes for adjoint computations".
     """
-    the_plan = scan_plan(f, init, xs, length, checkpoints=checkpoints, memory_budget=memory_budget)
+    the_plan = scan_plan(f, init, xs, length, checkpoints=checkpoints,
+                         memory_budget=memory_budget, offload=offload)  # fmt: skip
     n = the_plan.steps
     if the_plan.regime == "residuals":
         return lax.scan(f, init, xs, length=n)

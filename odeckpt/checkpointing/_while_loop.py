@@ -1,14 +1,14 @@
 """`bounded_while_loop`: an early-exit while loop, differentiable by online checkpointing."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from . import _tree
+from . import _host, _tree
 from ._custom import convert, run
 from ._loop import Loop
 from .schedules import Plan, plan
@@ -160,9 +160,10 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_dec
 
 def while_loop_plan(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
-    checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
+    checkpoints: int | dict[str, int] | None = None,
+    memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
-    record_decisions: bool = False,
+    record_decisions: bool = False, offload: Literal["host"] | None = None,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `bounded_while_loop` with the same arguments follows.
 
@@ -174,6 +175,10 @@ def while_loop_plan(
     >>> p = while_loop_plan(cond, body, (1.0, 0.0), max_steps=100, checkpoints=3)
     >>> p.regime, p.checkpoints, p.online
     ('binomial', 3, True)
+    >>> p = while_loop_plan(cond, body, (1.0, 0.0), max_steps=100, offload="host",
+    ...                     checkpoints={"device": 2, "host": 10})
+    >>> p.checkpoints, p.host_checkpoints, p.segment
+    (2, 10, 10)
 
     ```
     """
@@ -184,7 +189,9 @@ def while_loop_plan(
     loop, params = _loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    return _plan(loop, params, init_val, checkpoints, memory_budget, online)
+    if offload is not None:
+        _host.check_host_memory("while_loop_plan")
+    return _plan(loop, params, init_val, checkpoints, memory_budget, online, offload)
 
 
 def _check_snapshot(snapshot, init_val):
@@ -201,9 +208,9 @@ def _check_snapshot(snapshot, init_val):
     _tree.check_same_structure("unpack(pack(val))", init_val, rebuilt, fix)
 
 
-def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
+def _plan(loop, params, init_val, checkpoints, memory_budget, online, offload) -> Plan:
     residual_bytes = None
-    if checkpoints is None and (memory_budget is not None or not online):
+    if offload is None and checkpoints is None and (memory_budget is not None or not online):
         # only then may the plan store every step's residuals: size them
         step = lambda p, v: (lambda new, _, values, __: (new, values))(*loop.step(p, v, None, None))
         residuals = jax.eval_shape(
@@ -211,15 +218,16 @@ def _plan(loop, params, init_val, checkpoints, memory_budget, online) -> Plan:
         )
         residual_bytes = _tree.nbytes(residuals)
     snapshot = jax.eval_shape(loop.packed, params, init_val)
-    return plan(loop.steps, _tree.nbytes(snapshot), residual_bytes,
-                checkpoints=checkpoints, memory_budget=memory_budget, online=online)  # fmt: skip
+    return plan(loop.steps, _tree.nbytes(snapshot), residual_bytes, checkpoints=checkpoints,
+                memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
 
 
 def bounded_while_loop(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int,
-    checkpoints: int | None = None, memory_budget: int | str | None = None, outputs: Any = None,
+    checkpoints: int | dict[str, int] | None = None,
+    memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
-    record_decisions: bool = False,
+    record_decisions: bool = False, offload: Literal["host"] | None = None,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -233,6 +241,10 @@ def bounded_while_loop(
     - `max_steps`: static bound `>= 1`.
     - `checkpoints`, `memory_budget`: as `checkpointed_scan`; the schedule is online (the
         number of steps is only known when the loop stops).
+    - `offload`: `"host"`: snapshots every `segment` steps in host memory, each segment
+        reversed on the device by Revolve (as `checkpointed_scan`; the two-level schedule is
+        the same whether or not the loop stops early, and its cost at every stop is
+        `schedules.offload_cost`).
     - `online`: `False` when the loop is known to run (about) `max_steps` steps, e.g. a
         fixed-step solve whose step count is computed in advance: then the offline Revolve
         schedule for `max_steps` steps is used, which is optimal when the loop runs them all.
@@ -279,6 +291,13 @@ def bounded_while_loop(
     ...     return bounded_while_loop(cond, body, (1.0, 0.0), max_steps=100, checkpoints=3)[0]
     >>> round(float(jax.grad(solve)(0.1)), 4)  # 10 * 1.1**9
     23.5795
+    >>> def solve_offloaded(rate):  # host snapshots every 4 steps, 2 device slots
+    ...     body = lambda v: (v[0] + rate * v[0], v[1] + 1.0)
+    ...     cond = lambda v: v[1] < 10.0
+    ...     return bounded_while_loop(cond, body, (1.0, 0.0), max_steps=100, offload="host",
+    ...                               checkpoints={"device": 2, "host": 25})[0]
+    >>> round(float(jax.grad(solve_offloaded)(0.1)), 4)
+    23.5795
 
     ```
 
@@ -295,10 +314,12 @@ def bounded_while_loop(
     # size its residuals) is only made if the loop is differentiated.
     snapshot_val = init_val if snapshot is None else jax.eval_shape(snapshot[0], init_val)
     plan(max_steps, _tree.nbytes(snapshot_val), None, checkpoints=checkpoints,
-         memory_budget=memory_budget, online=online)  # fmt: skip
+         memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
+    if offload is not None:
+        _host.check_host_memory("bounded_while_loop")
     loop, params = _loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online)
+    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online, offload)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)

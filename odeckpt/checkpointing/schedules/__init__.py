@@ -9,7 +9,9 @@ the tables built here.
 - `online_schedule(max_steps, c)`: for loops that stop early (Stumm & Walther 2010, SISC 32(2)):
   optimal up to `C(c+2, 2)` steps, at most one step above the optimum up to `C(c+3, 3)`.
 - `simulate(schedule, n)`: recomputations, peak snapshots and reversal order.
-- `plan(...)`: from bytes per snapshot and a memory budget to a regime and `c`.
+- `plan(...)`: from bytes per snapshot and a memory budget to a regime and `c`; with
+  `offload="host"`, two levels: host snapshots every `segment` steps, Revolve on the device
+  in between (`offload_cost`, `simulate_offload`; Stumm & Walther 2009, Aupy & Herrmann).
 """
 
 from ._binomial import (
@@ -20,8 +22,14 @@ from ._binomial import (
     repetition_number as repetition_number,
     split as split,
 )
+from ._multistage import (
+    host_slots as host_slots,
+    offload_cost as offload_cost,
+    segment_cost as segment_cost,
+)
 from ._online import online_schedule as online_schedule
 from ._planner import (
+    DEFAULT_HOST_MEMORY_BUDGET as DEFAULT_HOST_MEMORY_BUDGET,
     DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET,
     DEFAULT_MIN_CHECKPOINTS as DEFAULT_MIN_CHECKPOINTS,
     Plan as Plan,
@@ -29,9 +37,14 @@ from ._planner import (
     plan as plan,
 )
 from ._schedule import Schedule as Schedule
-from ._simulate import Simulation as Simulation, simulate as simulate
+from ._simulate import (
+    Simulation as Simulation,
+    simulate as simulate,
+    simulate_offload as simulate_offload,
+)
 
 __all__ = [
+    "DEFAULT_HOST_MEMORY_BUDGET",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_MIN_CHECKPOINTS",
     "Plan",
@@ -39,12 +52,16 @@ __all__ = [
     "Simulation",
     "binomial",
     "binomial_table",
+    "host_slots",
     "offline_schedule",
+    "offload_cost",
     "online_schedule",
     "optimal_cost",
     "parse_memory",
     "plan",
     "repetition_number",
+    "segment_cost",
     "simulate",
+    "simulate_offload",
     "split",
 ]

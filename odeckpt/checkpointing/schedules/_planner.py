@@ -5,11 +5,15 @@ import re
 from typing import Literal
 
 from ._binomial import binomial, optimal_cost
+from ._multistage import host_slots, offload_cost
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
 """Budget used when neither `checkpoints` nor `memory_budget` is given: 64 MiB."""
 DEFAULT_MIN_CHECKPOINTS = 4
-"""Fewest snapshots the default rule uses, however large the state."""
+"""Fewest snapshots the default rule uses, however large the state; also the device slots an
+offloading plan keeps when given no device budget."""
+DEFAULT_HOST_MEMORY_BUDGET = 4 * 2**30
+"""Host budget of an offloading plan given no host budget or host checkpoints: 4 GiB."""
 
 _UNITS = {
     "": 1,
@@ -25,6 +29,8 @@ _UNITS = {
 }
 
 Regime = Literal["residuals", "states", "binomial"]
+Offload = Literal["host"]
+_LEVELS = ("device", "host")
 
 
 def parse_memory(budget: int | str) -> int:
@@ -77,7 +83,15 @@ class Plan:
     - `memory_bytes`: predicted bytes held for the reverse sweep.
     - `forward_steps`: predicted forward steps at `steps` (Revolve's convention, first sweep
         included); for online schedules exact up to `C(c+2, 2)` steps and at most `steps` more
-        beyond (see `online_schedule`).
+        beyond (see `online_schedule`); with `offload`, exact at every stop
+        (`offload_cost`).
+    - `offload`: `None`, or `"host"`: snapshots every `segment` steps go to host memory, and
+        `checkpoints` (device slots, slot 0 holding the copy of the segment's start) reverse
+        each segment by Revolve. Then `memory_bytes` counts device memory only.
+    - `segment`: steps between host snapshots (`None` without `offload`).
+    - `host_checkpoints`, `host_bytes`: host snapshots and their bytes at `steps`.
+    - `transfers`: predicted copies between device and host at `steps` (one write and one
+        read per segment).
 
     **Example:**
 
@@ -97,12 +111,26 @@ class Plan:
     residual_bytes: int | None
     memory_bytes: int
     forward_steps: int
+    offload: Offload | None = None
+    segment: int | None = None
+    host_checkpoints: int = 0
+    host_bytes: int = 0
+    transfers: int = 0
 
     def __str__(self) -> str:
         mib = self.memory_bytes / 2**20
+        steps = f"{self.steps} {'max ' if self.online else ''}steps"
+        if self.offload is None:
+            return (
+                f"Plan({self.regime}: {steps}, {self.checkpoints} snapshots, {mib:.3g} MiB, "
+                f"{self.forward_steps} forward steps)"
+            )
+        host_mib = self.host_bytes / 2**20
         return (
-            f"Plan({self.regime}: {self.steps} {'max ' if self.online else ''}steps, "
-            f"{self.checkpoints} snapshots, {mib:.3g} MiB, {self.forward_steps} forward steps)"
+            f"Plan({self.regime}, offload={self.offload}: {steps}, {self.checkpoints} device "
+            f"snapshots ({mib:.3g} MiB) + {self.host_checkpoints} host snapshots every "
+            f"{self.segment} steps ({host_mib:.3g} MiB), {self.forward_steps} forward steps, "
+            f"{self.transfers} transfers)"
         )
 
 
@@ -111,9 +139,10 @@ def plan(
     snapshot_bytes: int,
     residual_bytes: int | None = None,
     *,
-    checkpoints: int | None = None,
-    memory_budget: int | str | None = None,
+    checkpoints: int | dict[str, int] | None = None,
+    memory_budget: int | str | dict[str, int | str] | None = None,
     online: bool = False,
+    offload: Offload | None = None,
 ) -> Plan:
     """Choose the regime and the number of snapshots.
 
@@ -124,11 +153,23 @@ def plan(
     if `steps * snapshot_bytes <= B`, else binomial with `c = B // snapshot_bytes` (an explicit
     budget must hold one snapshot; the default never goes below `DEFAULT_MIN_CHECKPOINTS`).
 
+    With `offload="host"` (two levels, see `offload_cost`): `checkpoints` and `memory_budget`
+    may be dicts with keys `"device"` and `"host"` (slots, or bytes/strings); a plain value is
+    the host's. Host: `h` slots (from `checkpoints["host"]`, or the host budget
+    `// snapshot_bytes`, default `DEFAULT_HOST_MEMORY_BUDGET`), at most `steps`; snapshots go
+    to host memory every `segment = ceil(steps / h)` steps. Device: `c` slots (from
+    `checkpoints["device"]`, or the device budget `// snapshot_bytes`, default
+    `DEFAULT_MIN_CHECKPOINTS`), at most `segment`, reverse each segment by Revolve. Explicit
+    budgets must hold one snapshot on each level.
+
     **Example:**
 
     ```python
     >>> print(plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB"))
     Plan(binomial: 10000 steps, 16 snapshots, 16 MiB, 44015 forward steps)
+    >>> p = plan(10_000, 2**20, memory_budget={"device": "4MiB", "host": "1GiB"}, offload="host")
+    >>> p.checkpoints, p.host_checkpoints, p.segment, p.transfers
+    (4, 1000, 10, 2000)
 
     ```
     """
@@ -137,12 +178,23 @@ def plan(
     if checkpoints is not None and memory_budget is not None:
         raise ValueError("pass either checkpoints or memory_budget, not both")
     snapshot_bytes = max(int(snapshot_bytes), 1)
-    if checkpoints is not None:
-        if isinstance(checkpoints, bool) or not isinstance(checkpoints, int) or checkpoints < 1:
+    if offload is not None:
+        if offload != "host":
             raise ValueError(
-                f"checkpoints must be an int >= 1 (slot 0 holds the initial state), got "
-                f"{checkpoints!r}; use checkpoints=1 for the least memory"
+                f"offload must be None or 'host', got {offload!r}; pass offload='host' to keep "
+                "the snapshots in host memory, or leave it out"
             )
+        return _offload_plan(steps, snapshot_bytes, residual_bytes, checkpoints,
+                             memory_budget, online)  # fmt: skip
+    for name, value in (("checkpoints", checkpoints), ("memory_budget", memory_budget)):
+        if isinstance(value, dict):
+            raise ValueError(
+                f"{name} as a dict {{'device': ..., 'host': ...}} splits snapshots between "
+                f"device and host memory and needs offload='host'; pass offload='host', or "
+                f"one value for {name}"
+            )
+    if checkpoints is not None:
+        checkpoints = _check_checkpoints(checkpoints, "checkpoints")
         return _snapshots(steps, min(checkpoints, steps), snapshot_bytes, residual_bytes, online)
     explicit = memory_budget is not None
     budget = parse_memory(memory_budget) if explicit else DEFAULT_MEMORY_BUDGET
@@ -170,6 +222,72 @@ def plan(
     if not explicit:
         c = max(c, DEFAULT_MIN_CHECKPOINTS)
     return _snapshots(steps, min(c, steps), snapshot_bytes, residual_bytes, online)
+
+
+def _check_checkpoints(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name} must be an int >= 1 (slot 0 holds the initial state), got {value!r}; "
+            "use checkpoints=1 for the least memory"
+        )
+    return value
+
+
+def _levels(value, name: str) -> dict:
+    """`{"device": ..., "host": ...}` (missing levels `None`) from a dict or a plain value."""
+    if value is None:
+        return dict.fromkeys(_LEVELS)
+    if not isinstance(value, dict):
+        return {"device": None, "host": value}
+    unknown = set(value) - set(_LEVELS)
+    if unknown:
+        raise ValueError(
+            f"{name} takes the keys 'device' and 'host', got {sorted(map(repr, unknown))}; "
+            f"e.g. {name}={{'device': ..., 'host': ...}}"
+        )
+    return {level: value.get(level) for level in _LEVELS}
+
+
+def _slots(level: str, checkpoints, budget, snapshot_bytes: int, default: int) -> int:
+    """Snapshot slots of one memory level from its checkpoints or budget (or the default)."""
+    if checkpoints is not None:
+        return _check_checkpoints(checkpoints, f"checkpoints[{level!r}]")
+    if budget is None:
+        return max(default, 1)
+    size = parse_memory(budget)
+    if size < snapshot_bytes:
+        raise ValueError(
+            f"memory_budget[{level!r}]={budget!r} ({size} bytes) cannot hold one snapshot of "
+            f"the loop state ({snapshot_bytes} bytes); raise it to at least {snapshot_bytes} "
+            f"bytes, or pass checkpoints={{{level!r}: 1, ...}}"
+        )
+    return size // snapshot_bytes
+
+
+def _offload_plan(steps, snapshot_bytes, residual_bytes, checkpoints, memory_budget, online):
+    slots, budgets = _levels(checkpoints, "checkpoints"), _levels(memory_budget, "memory_budget")
+    host_default = DEFAULT_HOST_MEMORY_BUDGET // snapshot_bytes
+    h = _slots("host", slots["host"], budgets["host"], snapshot_bytes, host_default)
+    segment = -(-steps // min(h, steps))
+    c = _slots("device", slots["device"], budgets["device"], snapshot_bytes,
+               DEFAULT_MIN_CHECKPOINTS)  # fmt: skip
+    c = min(c, segment)
+    h = host_slots(steps, segment)
+    return Plan(
+        "states" if c >= segment else "binomial",
+        steps,
+        online,
+        c,
+        snapshot_bytes,
+        residual_bytes,
+        c * snapshot_bytes,
+        offload_cost(steps, segment, c),
+        offload="host",
+        segment=segment,
+        host_checkpoints=h,
+        host_bytes=h * snapshot_bytes,
+        transfers=2 * h,
+    )
 
 
 def _online_default(steps: int, affordable: int) -> int:
