@@ -8,7 +8,8 @@ Problems (float64): Robertson's kinetics (Hairer & Wanner II, IV.10) on [0, 1e5]
 atol = 1e-4 rtol (the intermediate species is ~1e-5), and Van der Pol with mu = 1000 on
 [0, 3000] with atol = rtol. For rtol in 1e-4, 1e-6, 1e-8, each solver reports the error at t1
 (max over components of |y - ref| / (|ref| + 1e-12), against scipy Radau at rtol = 1e-12,
-atol = 1e-14), attempted steps, Jacobian evaluations, LU factorisations, run time (median after
+atol = 1e-14), attempted steps, Jacobian evaluations, LU factorisations, evaluations of f (for
+odeckpt's Kvaerno5 one per Newton iteration; not reported by diffrax), run time (median after
 warm-up) and compile time (trace + lower + XLA compile from cleared caches). Every solver uses
 the same PID (integral) step-size controller defaults and the analytic-free Jacobian
 (`jax.jacfwd`); scipy gets the analytic Jacobian (it would otherwise use finite differences).
@@ -20,7 +21,9 @@ not comparable to the jitted solvers' and are shown for reference only.
 
 Gradient compile time: `jax.grad` of the sum of Robertson's final state with respect to the rate
 constants, odeckpt Kvaerno5 (default `RecursiveCheckpointAdjoint`, and `DirectAdjoint`) vs
-diffrax Kvaerno5 (its default `RecursiveCheckpointAdjoint`), rtol = 1e-6, max_steps = 4096.
+diffrax Kvaerno5 (its default `RecursiveCheckpointAdjoint`), rtol = 1e-6, max_steps = 4096; and,
+as a reference for the checkpointing engine's share, odeckpt's recursive gradient with Tsit5.
+Minimum over three interleaved compiles.
 
 Results go to `benchmarks/results/stiff.{json,md}` and `stiff-gradients.{json,md}` (with a
 `-quick` suffix under `--quick`).
@@ -133,14 +136,16 @@ def work_precision(name, problem, rtols, target_s):
             steps = int(stats["num_steps"] if isinstance(stats, dict) else stats.num_steps)
             if solver.startswith("diffrax"):
                 jacobians = lus = steps  # VeryChord: one of each per attempted step
+                fn_evals = None
             else:
                 jacobians, lus = int(stats.num_jacobian_evals), int(stats.num_lu_factorisations)
+                fn_evals = int(stats.num_fn_evals)
             timing = timings[solver]
             records.append(
                 dict(
                     problem=name, rtol=rtol, solver=solver, error=error(y1, reference),
-                    steps=steps, jacobians=jacobians, lus=lus, run_ms=1e3 * timing.run_s,
-                    compile_s=timing.compile_s,
+                    steps=steps, jacobians=jacobians, lus=lus, fn_evals=fn_evals,
+                    run_ms=1e3 * timing.run_s, compile_s=timing.compile_s,
                 )
             )  # fmt: skip
         result, seconds = radau(problem, rtol, atol)
@@ -148,8 +153,8 @@ def work_precision(name, problem, rtols, target_s):
             dict(
                 problem=name, rtol=rtol, solver="scipy Radau (Python)",
                 error=error(result.y[:, -1], reference), steps=int(result.t.size - 1),
-                jacobians=int(result.njev), lus=int(result.nlu), run_ms=1e3 * seconds,
-                compile_s=None,
+                jacobians=int(result.njev), lus=int(result.nlu), fn_evals=int(result.nfev),
+                run_ms=1e3 * seconds, compile_s=None,
             )
         )  # fmt: skip
         print(*(r for r in records[-4:]), sep="\n", flush=True)
@@ -160,9 +165,9 @@ def gradient_compile_times():
     problem = PROBLEMS["robertson"]
     y0, k = jnp.asarray(problem["y0"]), jnp.asarray(problem["args"])
 
-    def ours(adjoint):
+    def ours(adjoint, solver="kvaerno5"):
         def loss(k):
-            sol = odeckpt.solve(robertson, y0, (0.0, 100.0), args=k, solver=odeckpt.Kvaerno5(),
+            sol = odeckpt.solve(robertson, y0, (0.0, 100.0), args=k, solver=solver,
                                 rtol=1e-6, atol=1e-10, max_steps=4096, adjoint=adjoint)  # fmt: skip
             return jnp.sum(sol.ys[-1])
 
@@ -178,10 +183,15 @@ def gradient_compile_times():
     candidates = {
         "odeckpt Kvaerno5, recursive (default)": ours(odeckpt.RecursiveCheckpointAdjoint()),
         "odeckpt Kvaerno5, direct": ours(odeckpt.DirectAdjoint()),
+        # Compiled only (never run): how much of the recursive gradient's compile time is the
+        # checkpointing engine's, with an explicit step that costs next to nothing to compile.
+        "odeckpt Tsit5, recursive (engine reference)": ours(
+            odeckpt.RecursiveCheckpointAdjoint(), odeckpt.Tsit5()
+        ),
         "diffrax Kvaerno5, recursive (default)": jax.grad(theirs),
     }
     records = []
-    for _ in range(2):  # interleaved repeats; the minimum is the least disturbed
+    for _ in range(3):  # interleaved repeats; the minimum is the least disturbed
         for name, fn in candidates.items():
             lower, xla, _ = time_compile(fn, k)
             records.append(dict(gradient=name, compile_s=lower + xla))
@@ -200,6 +210,7 @@ COLUMNS = [
     Column("steps", "steps"),
     Column("jacobians", "Jacobians"),
     Column("lus", "LU"),
+    Column("fn_evals", "f evals"),
     Column("run_ms", "run (ms)", ".3g"),
     Column("compile_s", "compile (s)", ".2f"),
 ]

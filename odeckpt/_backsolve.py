@@ -7,12 +7,25 @@ import jax
 import jax.numpy as jnp
 
 from ._adjoint import AbstractAdjoint, ForwardMode
-from ._controllers import AbstractController, ConstantStep, PIDController
+from ._backsolve_ode import (
+    Checkpoints,
+    Problem,
+    all_finite,
+    dense_group,
+    event_groups,
+    has_ct,
+    pair,
+    solve_backwards,
+    solve_with_forward_states,
+    zeros_for_none,
+)
+from ._controllers import AbstractController, PIDController
 from ._integrate import Loop, LoopState, apply_writes
 from ._saveat import SaveAt
-from ._status import Status
-from ._steppers._base import AbstractStepper, Step
-from ._types import Args, Scalar, Y
+from ._steppers._base import AbstractStepper
+from ._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
+from ._steppers._rosenbrock import AbstractRosenbrock
+from ._types import Scalar
 
 
 class BacksolveAdjoint(AbstractAdjoint):
@@ -44,7 +57,21 @@ class BacksolveAdjoint(AbstractAdjoint):
     an anchor, and the error of the reconstructed state grows with that length (exponentially on
     unstable problems); storing step ends (not interpolated values) keeps them exact.
 
-    The error of the backward solve is measured by default on `y` and `a` only, not on the
+    On stiff problems `y` cannot be integrated backwards: the modes that decay quickly forwards
+    grow as quickly backwards, and the steps the adjoint needs amplify them (on Robertson's
+    kinetics the reconstructed state leaves the slow manifold within 0.01 time units and the
+    adjoint overflows). `reconstruct="forward"` (the default with an implicit backward stepper)
+    instead solves the forward problem again from the nearest stored state below the current
+    time, keeps the continuous extensions of its last `window` steps, and reads `y(t)` from
+    them, as CVODES does; the backward solve then integrates only `a` and `g`. Memory is the
+    `checkpoints` states plus `window` steps of dense output; a stretch between two stored
+    states that takes more than `window` steps is solved again for each further `window` steps
+    (its cost grows quadratically in its length, so give enough `checkpoints`). The re-solves
+    use the forward stepper at the backward tolerances, so `y(t)` is as accurate as the
+    backward solve asks, up to the stepper's continuous extension.
+
+    The error of the backward solve is measured by default on `y` and `a` (or `a` alone, when
+    `y` is re-solved forwards) only, not on the
     parameter integral `g` (a "seminorm"): `g` does not feed back into the dynamics, and
     including it forces needlessly small steps when there are many parameters.
 
@@ -61,9 +88,15 @@ class BacksolveAdjoint(AbstractAdjoint):
     - `rtol`, `atol`: tolerances of the backward solve; `None` uses the forward controller's.
         After a `ConstantStep` forward solve, `None` for both means constant steps of the
         forward `dt0` backwards; giving both uses an adaptive `PIDController`.
-    - `checkpoints`: number of forward states stored to re-anchor the reconstructed state;
-        `None` stores none.
+    - `checkpoints`: number of forward states stored to re-anchor the reconstructed state (or
+        to start the forward re-solves from); `None` stores none (re-solves start at `t0`).
     - `seminorm`: leave the parameter integral out of the backward error estimate.
+    - `reconstruct`: how the backward solve obtains `y(t)`: `"backward"` integrates it
+        backwards with the adjoint (re-anchored at the stored states); `"forward"` re-solves
+        it forwards from the stored states (see above); `"auto"` is `"forward"` when the
+        backward stepper is implicit (ESDIRK or Rosenbrock: a stiff problem) and `"backward"`
+        otherwise.
+    - `window`: steps of dense output `reconstruct="forward"` keeps.
 
     **Example:**
 
@@ -90,6 +123,8 @@ class BacksolveAdjoint(AbstractAdjoint):
         Seminorms", ICML 2021.
     - A. C. Hindmarsh et al., "SUNDIALS: Suite of nonlinear and differential/algebraic equation
         solvers", ACM TOMS 31(3) (2005) (CVODES: checkpointed forward states for the adjoint).
+    - R. Serban & A. C. Hindmarsh, "CVODES: the sensitivity-enabled ODE solver in SUNDIALS",
+        ASME IDETC 2005 (the forward solution re-solved from checkpoints and interpolated).
     """
 
     solver: AbstractStepper | None = None
@@ -97,8 +132,17 @@ class BacksolveAdjoint(AbstractAdjoint):
     atol: float | None = None
     checkpoints: int | None = eqx.field(default=None, static=True)
     seminorm: bool = eqx.field(default=True, static=True)
+    reconstruct: str = eqx.field(default="auto", static=True)
+    window: int = eqx.field(default=64, static=True)
 
     def __check_init__(self):
+        if self.reconstruct not in ("auto", "backward", "forward"):
+            raise ValueError(
+                f"BacksolveAdjoint(reconstruct={self.reconstruct!r}) must be 'auto', 'backward' "
+                "or 'forward'."
+            )
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"BacksolveAdjoint(window={self.window!r}) must be a positive int.")
         if self.checkpoints is not None and (
             not isinstance(self.checkpoints, int) or self.checkpoints < 1
         ):
@@ -147,13 +191,41 @@ class BacksolveAdjoint(AbstractAdjoint):
     def _backward_stepper(self, loop: Loop) -> AbstractStepper:
         stepper = loop.stepper if self.solver is None else self.solver
         controller = self._backward_controller(loop.controller)
-        if isinstance(controller, PIDController) and stepper.error_order is None:
-            raise ValueError(
-                f"BacksolveAdjoint: the backward stepper {type(stepper).__name__} has no error "
-                "estimate for the adaptive backward solve. Fix: pass "
-                "`BacksolveAdjoint(solver=odeckpt.Tsit5())` or another adaptive stepper."
-            )
+        if isinstance(controller, PIDController):
+            if stepper.error_order is None:
+                raise ValueError(
+                    f"BacksolveAdjoint: the backward stepper {type(stepper).__name__} has no "
+                    "error estimate for the adaptive backward solve. Fix: pass "
+                    "`BacksolveAdjoint(solver=odeckpt.Tsit5())` or another adaptive stepper."
+                )
+            # Newton's increments are measured at the backward tolerances (a small `atol` for
+            # tiny components), not at the stepper's standalone defaults.
+            stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol)
         return stepper
+
+    def _forward_reconstruction(self, loop: Loop) -> bool:
+        if self.reconstruct == "auto":
+            stepper = self._backward_stepper(loop)
+            return isinstance(stepper, AbstractESDIRK | AbstractRosenbrock)
+        return self.reconstruct == "forward"
+
+    def _resolve_loop(self, loop: Loop, problem: Problem, diff, t_end: Scalar) -> Loop:
+        """The forward problem from a stored state to `t_end`, at the backward tolerances
+        when the forward stepper can adapt to them."""
+        controller = self._backward_controller(loop.controller)
+        if loop.stepper.error_order is None:
+            controller = loop.controller
+        return Loop(
+            f=problem.f,
+            args=diff,
+            stepper=loop.stepper,
+            controller=controller,
+            t_end=t_end,
+            ts=None,
+            saveat=SaveAt(dense=True),
+            max_steps=loop.max_steps,
+            progress=None,
+        )
 
 
 def forward_mode_error() -> TypeError:
@@ -174,13 +246,6 @@ def _flags_only(saveat: SaveAt) -> SaveAt:
 # Forward pass.
 
 
-class _Checkpoints(eqx.Module):
-    """`k` stored step-end states (times `inf` where none was stored)."""
-
-    t: jax.Array
-    y: Y
-
-
 def _forward(adjoint: BacksolveAdjoint, loop: Loop, state: LoopState, outputs):
     """`ForwardMode`'s loop, storing `adjoint.checkpoints` step-end states on the way."""
     k = adjoint.checkpoints
@@ -189,9 +254,10 @@ def _forward(adjoint: BacksolveAdjoint, loop: Loop, state: LoopState, outputs):
         return final, outputs, None
     fractions = jnp.arange(1, k + 1, dtype=state.t.dtype) / (k + 1)
     targets = state.t + fractions * (loop.t_end - state.t)
-    store = _Checkpoints(
+    store = Checkpoints(
         t=jnp.full((k,), jnp.inf, state.t.dtype),
         y=jax.tree.map(lambda y: jnp.full((k, *y.shape), jnp.inf, y.dtype), state.y),
+        dt=jnp.zeros((k,), state.dt.dtype),
     )
 
     def cond(carry):
@@ -204,9 +270,10 @@ def _forward(adjoint: BacksolveAdjoint, loop: Loop, state: LoopState, outputs):
         accepted = new.num_accepted > state.num_accepted
         hit = accepted & (next_slot < k) & (new.t >= targets[jnp.minimum(next_slot, k - 1)])
         index = jnp.where(hit, next_slot, k)
-        store = _Checkpoints(
+        store = Checkpoints(
             t=store.t.at[index].set(new.t, mode="drop"),
             y=jax.tree.map(lambda b, y: b.at[index].set(y, mode="drop"), store.y, new.y),
+            dt=store.dt.at[index].set(new.dt, mode="drop"),
         )
         # A long step may pass several targets; they share this one checkpoint.
         passed = jnp.sum(targets <= new.t, dtype=next_slot.dtype)
@@ -235,248 +302,6 @@ def _backsolve_fwd(perturbed, inputs, adjoint: BacksolveAdjoint):
     return (final, outputs), (final, outputs, store)
 
 
-# ---------------------------------------------------------------------------------------------
-# Backward pass.
-
-
-class _Seminorm(AbstractStepper):
-    """`inner` with the error estimate of the parameter integral set to zero, and that of the
-    state and adjoint rescaled so that the controller's root mean square over all components
-    equals the one over the state and adjoint alone (Kidger, Chen & Lyons 2021)."""
-
-    inner: AbstractStepper
-
-    name = property(lambda self: self.inner.name)
-    order = property(lambda self: self.inner.order)
-    error_order = property(lambda self: self.inner.error_order)
-    fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
-    dense_degree = property(lambda self: self.inner.dense_degree)
-
-    def init(self, f, t0, y0, args):
-        return self.inner.init(f, t0, y0, args)
-
-    def step(self, f, t0, t1, y0, args, state) -> Step:
-        step = self.inner.step(f, t0, t1, y0, args, state)
-        if step.y_error is None:
-            return step
-        error_y, error_a, error_g = step.y_error
-        size_state = _size((error_y, error_a))
-        size_g = _size(error_g)
-        if size_g == 0:
-            return step
-        scale = ((size_state + size_g) / size_state) ** 0.5
-        error_y, error_a = jax.tree.map(lambda e: e * scale, (error_y, error_a))
-        y_error = (error_y, error_a, jax.tree.map(jnp.zeros_like, error_g))
-        return Step(y1=step.y1, y_error=y_error, dense=step.dense, state=step.state)
-
-
-def _size(tree) -> int:
-    return sum(leaf.size for leaf in jax.tree.leaves(tree))
-
-
-def _zeros_for_none(ct, like):
-    """The cotangent `ct` (with `None` for symbolic zeros) as arrays shaped like `like`."""
-    if ct is None:
-        return jax.tree.map(jnp.zeros_like, like)
-    return jax.tree.map(
-        lambda c, y: jnp.zeros_like(y) if c is None else c, ct, like, is_leaf=lambda x: x is None
-    )
-
-
-def _has_ct(ct) -> bool:
-    return any(leaf is not None for leaf in jax.tree.leaves(ct, is_leaf=lambda x: x is None))
-
-
-def _pair(ct: Y, v: Y) -> Scalar:
-    """`<ct, v>`: the cotangent pairing (real part, as for JAX's complex cotangents)."""
-    terms = jax.tree.leaves(jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v))
-    return sum(terms[1:], terms[0])
-
-
-def _rows(tree, row):
-    return jax.tree.map(lambda x: x[row], tree)
-
-
-def _select(mask, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(mask, a, b), new, old)
-
-
-def _masked(mask, tree):
-    return jax.tree.map(lambda x: jnp.where(mask, x, jnp.zeros_like(x)), tree)
-
-
-class _Problem(eqx.Module):
-    """The vector field split into the differentiated arrays `diff` (of `(f, args)`) and the
-    rest, and the augmented backward system in the time `s = -tau` (so its loop runs
-    forwards): `dy/ds = -f`, `da/ds = a^T df/dy`, `dg/ds = a^T df/ddiff`."""
-
-    nondiff: Args
-
-    def f(self, tau, y, diff):
-        f, args = eqx.combine(diff, self.nondiff)
-        return f(tau, y, args)
-
-    def augmented(self, s, z, diff):
-        y, a, _ = z
-        dy, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
-        a_y, a_g = vjp(a)
-        return jax.tree.map(jnp.negative, dy), a_y, a_g
-
-
-class _Group(eqx.Module):
-    """Events of one kind (rows of a saved-output group, or checkpoints): their times, which
-    rows are real, the jumps in `a` (cotangents of the saved states) and the stored states that
-    re-anchor `y`."""
-
-    times: jax.Array
-    valid: jax.Array
-    jump_a: Y | None
-    anchor: Y | None
-
-
-def _event_groups(loop, final, outputs, store, ct_outputs) -> list[_Group]:
-    groups = []
-    outputs, ct_outputs = list(outputs), list(ct_outputs)
-    num_rows = jnp.arange(loop.max_steps)
-    if loop.ts is not None:
-        ys, ct_ys = outputs.pop(0), ct_outputs.pop(0)
-        if _has_ct(ct_ys):
-            finite = jax.vmap(lambda y: _all_finite(y))(ys)
-            groups.append(_Group(loop.ts, finite, _zeros_for_none(ct_ys, ys), ys))
-    if loop.saveat.steps:
-        (step_ts, step_ys), (_, ct_step_ys) = outputs.pop(0), ct_outputs.pop(0)
-        if _has_ct(ct_step_ys):
-            valid = num_rows < final.num_accepted
-            groups.append(_Group(step_ts, valid, _zeros_for_none(ct_step_ys, step_ys), step_ys))
-    if store is not None:
-        groups.append(_Group(store.t, jnp.isfinite(store.t), None, store.y))
-    return groups
-
-
-def _all_finite(y) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
-
-
-class _Dense(eqx.Module):
-    """Dense-output events at each step's start `t_i`: the cotangent of the step's coefficients
-    pulled back to the state there (a jump in `a`) and to the parameters (added to `g`)."""
-
-    times: jax.Array
-    valid: jax.Array
-    ends: jax.Array
-    coeffs: Y
-    ct_coeffs: Y
-
-    def start_state(self, row):
-        return jax.tree.map(lambda c: c[row, 0], self.coeffs)
-
-    def pullback(self, stepper, problem: _Problem, diff, row):
-        def coeffs(y, d):
-            t0, t1 = self.times[row], self.ends[row]
-            f = lambda t, y, d: problem.f(t, y, d)
-            return stepper.step(f, t0, t1, y, d, stepper.init(f, t0, y, d)).dense
-
-        _, vjp = jax.vjp(coeffs, self.start_state(row), diff)
-        return vjp(_rows(self.ct_coeffs, row))
-
-
-def _dense_group(loop, state, final, outputs, ct_outputs) -> _Dense | None:
-    if not loop.saveat.dense:
-        return None
-    (t_ends, coeffs), (_, ct_coeffs) = outputs[-1], ct_outputs[-1]
-    if not _has_ct(ct_coeffs):
-        return None
-    starts = jnp.concatenate([state.t[None], t_ends[:-1]])
-    valid = jnp.arange(loop.max_steps) < final.num_accepted
-    return _Dense(starts, valid, t_ends, coeffs, _zeros_for_none(ct_coeffs, coeffs))
-
-
-def _initial_dt(controller, stepper, problem, s0, z, diff, seminorm: bool):
-    """The first backward step size. With the seminorm the parameter integral `g` takes no
-    part in error control, so it takes none in choosing the first step either (its derivative,
-    measured against `atol` while `g = 0`, would make that step vanishingly small)."""
-    if not seminorm:
-        f0 = stepper.init(problem.augmented, s0, z, diff)
-        return controller.init(problem.augmented, s0, z, f0, diff, stepper, None)[0]
-    y, a, g = z
-    state_part = lambda s, ya, d: problem.augmented(s, (*ya, g), d)[:2]
-    f0 = state_part(s0, (y, a), diff)
-    return controller.init(state_part, s0, (y, a), f0, diff, stepper, None)[0]
-
-
-def _solve_backwards(adjoint, loop, state, final, problem, diff, groups, dense, z):
-    """Integrate the augmented system from the final time back to `t0`, stopping at every event
-    (in decreasing time) to re-anchor `y` and add the jumps. Returns `(y, a, g)` at `t0`,
-    whether every backward segment succeeded, and the backward steps taken."""
-    stepper = adjoint._backward_stepper(loop)
-    stepper = _Seminorm(stepper) if adjoint.seminorm else stepper
-    controller = adjoint._backward_controller(loop.controller)
-    end = _Group(state.t[None], jnp.ones((1,), bool), None, None)
-    events = [*groups, *([dense] if dense is not None else []), end]
-    offsets = [0]
-    for group in events:
-        offsets.append(offsets[-1] + group.times.shape[0])
-    times = jnp.concatenate([jnp.where(g.valid, g.times, -jnp.inf) for g in events])
-    # Decreasing time; `end` is concatenated last, so a stable sort keeps it after ties at t0.
-    order = jnp.argsort(-times, stable=True)
-    count = jnp.sum(times > -jnp.inf)
-
-    def segment(s0, s1, z, dt):
-        piece = Loop(
-            f=problem.augmented,
-            args=diff,
-            stepper=stepper,
-            controller=controller,
-            t_end=s1,
-            ts=None,
-            saveat=SaveAt(t1=True),
-            max_steps=loop.max_steps,
-            progress=None,
-        )
-        start, _ = piece.init_state(s0, z, dt)
-        done, _ = ForwardMode().run(piece, start, ())
-        ok = (done.status == Status.successful) & (done.t >= s1)
-        # A segment shorter than `dt` says little about the step size beyond it.
-        one_step = (done.num_steps == 1) & (done.num_accepted == 1)
-        dt = jnp.where(
-            done.num_steps == 0, dt, jnp.where(one_step, jnp.maximum(dt, done.dt), done.dt)
-        )
-        return done.y, dt, ok, done.num_steps
-
-    def body(carry):
-        i, s, z, dt, ok, num_steps = carry
-        j = order[i]
-        s_event = jnp.maximum(-times[j], s)
-        z, dt, ok_segment, steps = segment(s, s_event, z, dt)
-        y, a, g = z
-        for group, offset in zip(events, offsets, strict=False):
-            size = group.times.shape[0]
-            here = (j >= offset) & (j < offset + size)
-            row = jnp.clip(j - offset, 0, size - 1)
-            if isinstance(group, _Dense):
-                jump_a, jump_g = group.pullback(loop.stepper, problem, diff, row)
-                a = jax.tree.map(jnp.add, a, _masked(here, jump_a))
-                g = jax.tree.map(jnp.add, g, _masked(here, jump_g))
-                anchor = group.start_state(row)
-            else:
-                if group.jump_a is not None:
-                    a = jax.tree.map(jnp.add, a, _masked(here, _rows(group.jump_a, row)))
-                anchor = None if group.anchor is None else _rows(group.anchor, row)
-            if anchor is not None:
-                y = _select(here, anchor, y)
-        return i + 1, s_event, (y, a, g), dt, ok & ok_segment, num_steps + steps
-
-    s0 = -final.t
-    if isinstance(controller, ConstantStep):
-        dt = state.dt
-    else:
-        dt = _initial_dt(controller, stepper, problem, s0, z, diff, adjoint.seminorm)
-    zero = jnp.zeros((), jnp.int32)
-    carry = (zero, s0, z, dt, jnp.array(True), zero)
-    _, _, z, _, ok, num_steps = jax.lax.while_loop(lambda c: c[0] < count, body, carry)
-    return z, ok, num_steps
-
-
 _BACKWARD_FAILED = (
     "BacksolveAdjoint: the backward (adjoint) solve failed (max_steps reached, step size "
     "underflow or a non-finite adjoint). Fix: raise `max_steps`, loosen the backward `rtol`/"
@@ -494,32 +319,38 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, adjoint: BacksolveAdjoint):
         ct_outputs = jax.tree.map(lambda _: None, outputs)
     p_loop, p_state, _ = perturbed
     diff, nondiff = eqx.partition((loop.f, loop.args), (p_loop.f, p_loop.args))
-    problem = _Problem(nondiff)
+    problem = Problem(nondiff)
     ct_final = jax.tree.map(lambda _: None, final) if ct_final is None else ct_final
-    ct_y1 = _zeros_for_none(ct_final.y, final.y)
-    groups = _event_groups(loop, final, outputs, store, ct_outputs)
-    dense = _dense_group(loop, state, final, outputs, ct_outputs)
-    z = (final.y, ct_y1, jax.tree.map(jnp.zeros_like, diff))
-    (_, a, g), ok, _ = _solve_backwards(
-        adjoint, loop, state, final, problem, diff, groups, dense, z
-    )
+    ct_y1 = zeros_for_none(ct_final.y, final.y)
+    groups = event_groups(loop, final, outputs, store, ct_outputs)
+    dense = dense_group(loop, state, final, outputs, ct_outputs)
+    g = jax.tree.map(jnp.zeros_like, diff)
+    if adjoint._forward_reconstruction(loop):
+        groups = [group for group in groups if group.jump_a is not None]
+        (a, g), ok, _ = solve_with_forward_states(
+            adjoint, loop, state, final, store, problem, diff, groups, dense, (ct_y1, g)
+        )
+    else:
+        (a, g), ok, _ = solve_backwards(
+            adjoint, loop, state, final, problem, diff, groups, dense, (final.y, ct_y1, g)
+        )
     a, g = eqx.error_if((a, g), ~ok, _BACKWARD_FAILED)
 
     ct_t0 = None
     if p_state.t:
-        ct_t0 = -_pair(a, problem.f(state.t, state.y, diff)).astype(state.t.dtype)
+        ct_t0 = -pair(a, problem.f(state.t, state.y, diff)).astype(state.t.dtype)
     ct_t_end = None
     if p_loop.t_end:
-        ct_t_end = _pair(ct_y1, problem.f(final.t, final.y, diff)).astype(final.t.dtype)
+        ct_t_end = pair(ct_y1, problem.f(final.t, final.y, diff)).astype(final.t.dtype)
         if ct_final.t is not None:
             ct_t_end = ct_t_end + ct_final.t
     ct_ts = None
-    if loop.ts is not None and p_loop.ts and _has_ct(ct_outputs[0]):
+    if loop.ts is not None and p_loop.ts and has_ct(ct_outputs[0]):
         ys = outputs[0]
-        ct_ys = _zeros_for_none(ct_outputs[0], ys)
-        pair = lambda t, y, c: _pair(c, problem.f(t, y, diff))
-        values = jax.vmap(pair)(loop.ts, ys, ct_ys).astype(loop.ts.dtype)
-        ct_ts = jnp.where(jax.vmap(_all_finite)(ys), values, 0)
+        ct_ys = zeros_for_none(ct_outputs[0], ys)
+        rate = lambda t, y, c: pair(c, problem.f(t, y, diff))
+        values = jax.vmap(rate)(loop.ts, ys, ct_ys).astype(loop.ts.dtype)
+        ct_ts = jnp.where(jax.vmap(all_finite)(ys), values, 0)
 
     none = lambda tree: jax.tree.map(lambda _: None, tree)
     g_f, g_args = g

@@ -52,6 +52,7 @@ class LoopState(eqx.Module):
     num_rejected: IntScalar
     num_jacobian_evals: IntScalar
     num_lu_factorisations: IntScalar
+    num_fn_evals: IntScalar
     status: Status
 
 
@@ -136,6 +137,8 @@ class Loop(eqx.Module):
         on_reject = state.stepper_state if step.state_on_reject is None else step.state_on_reject
         saved = None if recorded is None else recorded.saved
         save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept, saved)
+        fn_evals = step.num_fn_evals
+        fn_evals = self.stepper.fn_evals_per_step if fn_evals is None else fn_evals
         new = LoopState(
             t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
             y=keep(step.y1, state.y),
@@ -148,6 +151,7 @@ class Loop(eqx.Module):
             num_rejected=state.num_rejected + ~accept,
             num_jacobian_evals=state.num_jacobian_evals + step.num_jacobian_evals,
             num_lu_factorisations=state.num_lu_factorisations + step.num_lu_factorisations,
+            num_fn_evals=state.num_fn_evals + fn_evals,
             status=status,
         )
         if self.progress is not None:
@@ -230,6 +234,7 @@ class Loop(eqx.Module):
             num_rejected=_zero_count(),
             num_jacobian_evals=_zero_count(),
             num_lu_factorisations=_zero_count(),
+            num_fn_evals=_zero_count(),
             status=Status.where(all_finite(y0), Status.successful, Status.nonfinite_y0),
         )
         return state, 1 + evals

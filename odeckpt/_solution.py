@@ -17,13 +17,15 @@ class Stats(eqx.Module):
     - `num_steps`: attempted steps (accepted + rejected); bounded by `max_steps`.
     - `num_accepted_steps`, `num_rejected_steps`: as named.
     - `num_fn_evals`: evaluations of the vector field, including those for the initial step size
-        (for implicit steppers: counting one Newton iteration per stage).
+        (for implicit steppers: one per Newton iteration; Jacobian evaluations are counted
+        apart).
     - `num_jacobian_evals`: Jacobian evaluations (linearisations for `NewtonKrylov`) by implicit
         and Rosenbrock steppers; 0 for explicit ones.
     - `num_lu_factorisations`: LU factorisations of `I - h gamma J`; 0 for explicit steppers.
     - `num_checkpoints`: snapshot slots that reverse-mode differentiation of this solve keeps
-        (`RecursiveCheckpointAdjoint`'s `c`; `BacksolveAdjoint`'s forward checkpoints; `0` for
-        `DirectAdjoint`, which stores every step's residuals instead, and `ForwardMode`).
+        (`RecursiveCheckpointAdjoint`'s `c`, device and host slots together with `offload`;
+        `BacksolveAdjoint`'s forward checkpoints; `0` for `DirectAdjoint`, which stores every
+        step's residuals instead, and `ForwardMode`).
     - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
         snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
         also runs one VJP per step; `BacksolveAdjoint`'s backward solve is adaptive and its

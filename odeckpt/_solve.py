@@ -188,7 +188,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_steps=state.num_steps,
         num_accepted_steps=state.num_accepted,
         num_rejected_steps=state.num_rejected,
-        num_fn_evals=init_evals + state.num_steps * stepper.fn_evals_per_step,
+        num_fn_evals=init_evals + state.num_fn_evals,
         num_jacobian_evals=state.num_jacobian_evals,
         num_lu_factorisations=state.num_lu_factorisations,
         num_checkpoints=jnp.asarray(checkpoints, jnp.int32),

@@ -29,6 +29,9 @@ class Step(eqx.Module):
         retried with a shorter step (see `AbstractController.reject`).
     - `num_jacobian_evals`, `num_lu_factorisations`: the work of this attempt, summed into
         `Stats` (0 for explicit steppers).
+    - `num_fn_evals`: the evaluations of `f` in this attempt, summed into `Stats`; `None`
+        means the stepper's `fn_evals_per_step` (implicit steppers count their Newton
+        iterations).
     """
 
     y1: Y
@@ -39,6 +42,7 @@ class Step(eqx.Module):
     failed: BoolScalar | None = None
     num_jacobian_evals: IntScalar | int = 0
     num_lu_factorisations: IntScalar | int = 0
+    num_fn_evals: IntScalar | int | None = None
 
 
 class AbstractStepper(eqx.Module):
@@ -62,7 +66,9 @@ class AbstractStepper(eqx.Module):
     """Order of the embedded method used for the error estimate; `None` if there is none (only
     constant step sizes are then possible)."""
     fn_evals_per_step: eqx.AbstractClassVar[int]
-    """Evaluations of `f` per attempted step, with the first stage supplied by `state`."""
+    """Evaluations of `f` per attempted step, with the first stage supplied by `state` (for an
+    implicit stepper: with one Newton iteration per stage; its `Step.num_fn_evals` gives the
+    real count)."""
     dense_degree: eqx.AbstractClassVar[int]
     """Degree of the continuous extension returned in `Step.dense`."""
     state_is_derivative: ClassVar[bool] = False

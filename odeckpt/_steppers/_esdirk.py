@@ -6,12 +6,12 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._newton import AbstractNewton, FlatField, Jacobian, NewtonKrylov, Stage
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
-from ._explicit_rk import _combine
 from ._implicit_tableau import ESDIRKTableau
 
 
@@ -56,8 +56,8 @@ class AbstractESDIRK(AbstractStepper):
     Concrete methods set `tableau` and the `AbstractStepper` class variables and hold the
     fields `newton` and `jac`; this class implements `init` and `step` once for all of them.
     Each stage value is differentiated by the implicit function theorem (`odeckpt._newton`).
-    `fn_evals_per_step` counts one Newton iteration per implicit stage: each further iteration
-    costs one more evaluation of `f`.
+    `fn_evals_per_step` counts one Newton iteration per implicit stage; `Step.num_fn_evals`
+    counts the iterations taken (one evaluation of `f` each).
     """
 
     tableau: eqx.AbstractClassVar[ESDIRKTableau]
@@ -88,7 +88,8 @@ class AbstractESDIRK(AbstractStepper):
 
         **Returns:** a `Step` with `y1 = z_s`, the embedded error estimate, the cubic Hermite
         dense output, the states to carry on acceptance and on rejection, whether any stage's
-        Newton iteration failed, and the Jacobian evaluations and LU factorisations done.
+        Newton iteration failed, and the Jacobian evaluations, LU factorisations and
+        evaluations of `f` (Newton iterations) done.
         """
         tableau = self.tableau
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
@@ -106,7 +107,7 @@ class AbstractESDIRK(AbstractStepper):
 
         # The implicit stages as one scan (traced once, not once per stage: compile time).
         def stage(carry, i):
-            ks, eta, failed, rate = carry
+            ks, eta, failed, rate, evals = carry
             hk = jnp.asarray(h, dtype) * ks
             base = y0_flat + jnp.asarray(tableau.a, dtype)[i] @ hk
             guess = base + jnp.asarray(tableau.gamma, dtype) * (
@@ -114,20 +115,30 @@ class AbstractESDIRK(AbstractStepper):
             )
             c = jnp.asarray(tableau.c, t0.dtype)[i]
             t = jnp.where(c == 1, t1, t0 + c * h)
+            # After a failed stage the step is retried shorter: the rest are not worth solving.
             z, info = self.newton.solve(
-                jacobian, Stage(field, t, hg, base, args), guess, prepared, scale, eta
+                jacobian, Stage(field, t, hg, base, args), guess, prepared, scale, eta, failed
             )
             ks = ks.at[i].set((z - base) / safe_hg)
             rate = jnp.maximum(rate, info.rate)
-            return (ks, info.eta, failed | ~info.converged, rate), z
+            evals = evals + info.num_iterations
+            return (ks, info.eta, failed | ~info.converged, rate, evals), z
 
-        init = (ks, state.eta, jnp.array(False), jnp.zeros_like(state.eta))
-        (ks, eta, failed, rate), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
+        init = (
+            ks,
+            state.eta,
+            jnp.array(False),
+            jnp.zeros_like(state.eta),
+            jnp.zeros((), jnp.int32),
+        )
+        (ks, eta, failed, rate, evals), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
         z = zs[-1]
-        ks = list(ks)
-        y_error = _combine(None, h, tableau.b_error, ks)
-        powers = [_combine(None, h, w, ks) for w in tableau.dense_weights]
-        dense = jax.vmap(field.unravel)(jnp.stack([y0_flat, *powers]))
+        # The error estimate and the dense output's powers of theta as one matrix product
+        # (fewer operations to trace and compile than a sum per weight).
+        weights = jnp.asarray(np.stack([tableau.b_error, *tableau.dense_weights]), dtype)
+        combined = weights @ (jnp.asarray(h, dtype) * ks)
+        y_error = combined[0]
+        dense = jax.vmap(field.unravel)(jnp.concatenate([y0_flat[None], combined[1:]]))
         on_accept, on_reject = self.newton.next_caches(prepared.cache, failed, rate)
         return Step(
             y1=field.unravel(z),
@@ -140,6 +151,7 @@ class AbstractESDIRK(AbstractStepper):
             failed=failed,
             num_jacobian_evals=prepared.num_jacobian_evals,
             num_lu_factorisations=prepared.num_lu_factorisations,
+            num_fn_evals=evals,
         )
 
 
