@@ -2,9 +2,9 @@
 
 Each example is a jupytext percent-format script that asserts its own claim at the end and
 writes `result.json` beside its plots; the checks here repeat the claims from that file. The
-examples compile many gradients (several seconds each on two shared CPU cores): every notebook
-runs at its tiny size in the default suite (up to about 30 s of CPU time each); the demo is
-`slow`.
+examples compile many gradients (several seconds each on two CPU cores): the notebooks run at
+their tiny size in the default suite (up to about 25 s each), except the stiff fit, which is
+`slow` with the demo (the stiff solvers' own tests cover Robertson in the default run).
 """
 
 import json
@@ -85,6 +85,7 @@ def test_neural_ode_spiral(tmp_path):
     assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
 
 
+@pytest.mark.slow
 def test_robertson_fit(tmp_path):
     folder = run_example("robertson_fit", tmp_path)
     plots_written(folder, ["fit.png"])
