@@ -9,6 +9,14 @@ from ._status import Status
 from ._types import IntScalar, Scalar, Y
 
 
+def polynomial(coeffs: Array, theta: Scalar) -> Array:
+    """`sum_j coeffs[j] * theta**j` (Horner's rule; `coeffs` lowest degree first)."""
+    value = coeffs[-1]
+    for c in coeffs[-2::-1]:
+        value = value * theta.astype(c.dtype) + c
+    return value
+
+
 class Stats(eqx.Module):
     """Counters of what a solve did (per batch element under `vmap`).
 
@@ -65,14 +73,7 @@ class DenseOutput(eqx.Module):
         start = jnp.where(index == 0, self.t_start, self.t_ends[jnp.maximum(index - 1, 0)])
         theta = (t - start) / (self.t_ends[index] - start)
 
-        def horner(coeff: Array) -> Array:
-            step_coeff = coeff[index]
-            value = step_coeff[-1]
-            for c in step_coeff[-2::-1]:
-                value = value * theta.astype(c.dtype) + c
-            return value
-
-        return jax.tree.map(horner, self.coeffs)
+        return jax.tree.map(lambda coeff: polynomial(coeff[index], theta), self.coeffs)
 
 
 class Solution(eqx.Module):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._integrate import Loop
+from ._solution import polynomial
 from ._status import Status
 from ._types import BoolScalar, Scalar, Y
 
@@ -42,14 +43,7 @@ class Trajectory(eqx.Module):
         h = end - start
         theta = (tau - start) / jnp.where(h > 0, h, 1)
 
-        def horner(coeffs):
-            row = coeffs[index]
-            value = row[-1]
-            for c in row[-2::-1]:
-                value = value * theta.astype(c.dtype) + c
-            return value
-
-        return jax.tree.map(horner, self.coeffs)
+        return jax.tree.map(lambda coeffs: polynomial(coeffs[index], theta), self.coeffs)
 
 
 def empty_trajectory(loop: Loop, t0: Scalar, y0: Y, rows: int) -> Trajectory:
