@@ -375,3 +375,6 @@ def test_recorded_decisions_errors():
     with pytest.raises(TypeError, match="record_decisions=True"):
         bounded_while_loop(lambda v: v < 3.0, lambda v, r: v, 0.0, max_steps=4,
                            record_decisions=True)  # fmt: skip
+    with pytest.raises(TypeError, match="record_decisions must be True or False"):
+        bounded_while_loop(lambda v: v < 3.0, lambda v: v + 1.0, 0.0, max_steps=4,
+                           record_decisions="yes")  # fmt: skip

@@ -49,6 +49,11 @@ _DECISIONS_FIX = (
 
 
 def _check_body(cond_fun, body_fun, init_val, outputs, record_decisions=False):
+    if not isinstance(record_decisions, bool):
+        raise TypeError(
+            f"record_decisions must be True or False, got {record_decisions!r}; pass "
+            "record_decisions=True to record each step's decisions for the reverse sweep"
+        )
     pred = jax.eval_shape(cond_fun, init_val)
     if jnp.shape(pred) != () or pred.dtype != jnp.bool_:
         raise TypeError(f"cond_fun must return a scalar bool, got {pred}")
@@ -80,10 +85,6 @@ def _check_decisions(body_fun, init_val, outputs):
     size = 2 if outputs is None else 3
     if not (isinstance(out, tuple) and len(out) == size):
         raise TypeError(f"{_DECISIONS_FIX}; got {out}")
-    made = out[-1]
-    example = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), made)
-    replayed = jax.eval_shape(body_fun, init_val, example)
-    _tree.check_same_structure("body_fun(val, recorded)", out, replayed, _DECISIONS_FIX)
     return out[0] if outputs is None else out[:2]
 
 
@@ -118,10 +119,13 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_dec
             unpack=lambda params, packed: eqx.combine(params["unpack"], unpack_s)(packed),
         )
     if record_decisions:
-        decisions = jax.eval_shape(first, init_val)[-1]
+        first_out = eqx.combine(params["body"], body_s).out_struct
+        decisions = first_out[-1]
         # The replay is traced separately: `recorded` is an array there, `None` in `first`.
         example = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), decisions)
         (params["replay"], replay_s) = convert(body_fun, init_val, example)
+        replay_out = eqx.combine(params["replay"], replay_s).out_struct
+        _tree.check_same_structure("body_fun(val, recorded)", first_out, replay_out, _DECISIONS_FIX)
     grouped = isinstance(outputs, list)
     if outputs is None:
         lengths = None
