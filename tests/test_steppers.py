@@ -25,6 +25,7 @@ from odeckpt._steppers import (
     Tsit5,
     stepper_from_name,
 )
+from odeckpt._steppers._fence import FENCE_MIN_SIZE, fence
 
 # name: (class, order, error_order, fn_evals_per_step, dense_degree), written out from the
 # methods' definitions rather than read back from the classes.
@@ -437,3 +438,59 @@ def test_complex_state(name, dtype):
         exact_y1 = [y0 * jnp.exp(rate * float(h)) for h in hs]
         errors = [jnp.linalg.norm(s.y1 - y) for s, y in zip(steps, exact_y1, strict=True)]
         assert slope(hs, errors) == pytest.approx(stepper.order + 1, abs=0.3)
+
+
+def _count_conditionals(fn, *args):
+    return jax.jit(fn).lower(*args).compile().as_text().count(" conditional(")
+
+
+def test_fence_is_the_identity_for_every_transformation():
+    """`fence` returns its input bit for bit (also down the NaN-time branch), passes tangents
+    and cotangents through unchanged, and under `vmap` keeps each lane."""
+    y = jnp.linspace(-1.0, 1.0, FENCE_MIN_SIZE).reshape(32, -1) ** 3
+    for t in (jnp.float64(0.5), jnp.float64(jnp.nan)):
+        out = jax.jit(fence)(t, y)
+        assert out.dtype == y.dtype and jnp.array_equal(out, y)
+    dy = jnp.cos(y)
+    _, tangent = jax.jvp(lambda y: fence(jnp.float64(0.5), y), (y,), (dy,))
+    _, pullback = jax.vjp(lambda y: fence(jnp.float64(0.5), y), y)
+    assert jnp.array_equal(tangent, dy) and jnp.array_equal(pullback(dy)[0], dy)
+    ys = jnp.stack([y, 2 * y])
+    assert jnp.array_equal(jax.vmap(fence)(jnp.array([0.1, 0.2]), ys), ys)
+    assert jnp.array_equal(jax.vmap(fence, (None, 0))(jnp.float64(0.1), ys), ys)
+    second = jax.jacfwd(jax.grad(lambda a: jnp.sum(fence(a, a * y) ** 2)))(jnp.float64(0.5))
+    assert second == pytest.approx(2 * float(jnp.sum(y**2)), rel=1e-12)
+
+
+def test_fence_materialises_large_leaves_only():
+    """A leaf of `FENCE_MIN_SIZE` elements or more goes through one `cond` (the fusion
+    boundary), a smaller leaf through none; so do the tangent of the linearised step and the
+    cotangent of its transpose. A batched leaf is not fenced."""
+    t = jnp.float64(0.3)  # an argument: a constant time is folded, and the fence with it
+    large, small = jnp.ones(FENCE_MIN_SIZE), jnp.ones(FENCE_MIN_SIZE - 1)
+    twice = lambda t, y: fence(t, y) * 2
+    assert _count_conditionals(twice, t, large) == 1
+    assert _count_conditionals(twice, t, small) == 0
+    assert _count_conditionals(lambda y: twice(0.3, y), large) == 0
+    pullback = lambda t, y, ct: jax.vjp(lambda y: fence(t, y), y)[1](ct)[0]
+    jaxpr = jax.make_jaxpr(pullback)(t, large, large).jaxpr
+    ct = jaxpr.invars[2]
+    assert any(e.primitive.name == "cond" and ct in e.invars for e in jaxpr.eqns)
+    assert _count_conditionals(jax.vmap(twice, (None, 0)), t, jnp.ones((2, 4096))) == 0
+
+
+@pytest.mark.parametrize("name", ["rk4", "tsit5", "dopri8"])
+def test_stage_states_of_a_large_state_are_fenced(name):
+    """Every stage state and `y1` of an explicit step on a large state reaches `f` through a
+    fence (the fix for stencil vector fields: `benchmarks/bench_gradients.py`, problem (c)),
+    and equals the unfenced step: the same rows stepped under `vmap`, which skips the fence."""
+    stepper = STEPPERS[name]()
+    f = lambda t, y, a: a * (jnp.roll(y, 1) - 2 * y + jnp.roll(y, -1)) - jnp.tanh(y)
+    y0 = jnp.sin(jnp.linspace(0.0, 2 * np.pi, 4 * FENCE_MIN_SIZE))
+    step = lambda t0, y0: stepper.step(f, t0, t0 + 1e-3, y0, 0.5, f(t0, y0, 0.5)).state
+    assert _count_conditionals(step, 0.0, y0) == stepper.fn_evals_per_step
+    rows = y0.reshape(-1, 8)  # 512 independent periodic problems of 8 points
+    small = jax.vmap(lambda r: stepper.step(f, 0.0, 1e-3, r, 0.5, f(0.0, r, 0.5)).y1)(rows)
+    f_rows = lambda t, y, a: a * (jnp.roll(y, 1, 1) - 2 * y + jnp.roll(y, -1, 1)) - jnp.tanh(y)
+    large = stepper.step(f_rows, 0.0, 1e-3, rows, 0.5, f_rows(0.0, rows, 0.5)).y1
+    np.testing.assert_allclose(large, small, rtol=1e-14, atol=1e-15)

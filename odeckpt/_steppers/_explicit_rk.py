@@ -10,6 +10,7 @@ import numpy as np
 
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
+from ._fence import fence
 from ._tableau import ButcherTableau
 
 
@@ -84,10 +85,11 @@ class AbstractExplicitRK(AbstractStepper):
         num_explicit = tableau.num_stages - 1 if tableau.fsal else tableau.num_stages
         ks = [state]
         for i in range(1, num_explicit):
+            t_i = _stage_time(t0, t1, h, tableau.c[i])
             z_i = _combine(y0, h, tableau.a[i, :i], ks)
-            ks.append(f(_stage_time(t0, t1, h, tableau.c[i]), z_i, args))
+            ks.append(f(t_i, fence(t_i, z_i), args))
         y1 = _combine(y0, h, tableau.b, ks)
-        f1 = f(t1, y1, args)
+        f1 = f(t1, fence(t1, y1), args)
         ks.append(f1)
         if tableau.b_error is None:
             y_error = None
