@@ -48,19 +48,29 @@ _DECISIONS_FIX = (
 )
 
 
-def _check_body(cond_fun, body_fun, init_val, outputs, record_decisions=False):
+def _check_record(record_decisions):
     if not isinstance(record_decisions, bool):
         raise TypeError(
             f"record_decisions must be True or False, got {record_decisions!r}; pass "
             "record_decisions=True to record each step's decisions for the reverse sweep"
         )
-    pred = jax.eval_shape(cond_fun, init_val)
+
+
+def _first_body(body_fun, record_decisions):
+    """The body of the forward run: a recording body is called with `recorded=None`."""
+    return (lambda val: body_fun(val, None)) if record_decisions else body_fun
+
+
+def _check_body(pred, out, init_val, outputs, record_decisions):
+    """Check `cond_fun`'s and the first body's output structures (`pred`, `out`); return
+    `out` without the recorded decisions."""
     if jnp.shape(pred) != () or pred.dtype != jnp.bool_:
         raise TypeError(f"cond_fun must return a scalar bool, got {pred}")
     if record_decisions:
-        out = _check_decisions(body_fun, init_val, outputs)
-    else:
-        out = jax.eval_shape(body_fun, init_val)
+        size = 2 if outputs is None else 3
+        if not (isinstance(out, tuple) and len(out) == size):
+            raise TypeError(f"{_DECISIONS_FIX}; got {out}")
+        out = out[0] if outputs is None else out[:2]
     fix = "return a val with the same structure, shapes and dtypes as init_val"
     if outputs is None:
         _tree.check_same_structure("body_fun", init_val, out, fix)
@@ -77,15 +87,6 @@ def _check_body(cond_fun, body_fun, init_val, outputs, record_decisions=False):
         raise TypeError(f"{_WRITE_FIX}; got {len(writes)} writes for {len(groups)} groups")
     for write, group in zip(writes, groups, strict=True):
         _check_write(write, group)
-
-
-def _check_decisions(body_fun, init_val, outputs):
-    """Check the decisions a recording body makes; return its output without them."""
-    out = jax.eval_shape(lambda val: body_fun(val, None), init_val)
-    size = 2 if outputs is None else 3
-    if not (isinstance(out, tuple) and len(out) == size):
-        raise TypeError(f"{_DECISIONS_FIX}; got {out}")
-    return out[0] if outputs is None else out[:2]
 
 
 def _check_write(write, outputs):
@@ -105,9 +106,15 @@ def _check_write(write, outputs):
 
 
 def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions):
-    """The engine's normal form: a masked step (finished lanes keep `val`, drop writes)."""
-    first = (lambda val: body_fun(val, None)) if record_decisions else body_fun
-    (cond_p, cond_s), (body_p, body_s) = convert(cond_fun, init_val), convert(first, init_val)
+    """The engine's normal form: a masked step (finished lanes keep `val`, drop writes).
+
+    Traces `cond_fun` once and `body_fun` once (twice when recording: the replay takes an
+    array `recorded`), and checks what they return."""
+    (cond_p, cond_s) = convert(cond_fun, init_val)
+    (body_p, body_s) = convert(_first_body(body_fun, record_decisions), init_val)
+    first_out = eqx.combine(body_p, body_s).out_struct
+    pred = eqx.combine(cond_p, cond_s).out_struct
+    _check_body(pred, first_out, init_val, outputs, record_decisions)
     params = dict(cond=cond_p, body=body_p)
     codec, decisions = {}, None
     if snapshot is not None:
@@ -119,7 +126,6 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_dec
             unpack=lambda params, packed: eqx.combine(params["unpack"], unpack_s)(packed),
         )
     if record_decisions:
-        first_out = eqx.combine(params["body"], body_s).out_struct
         decisions = first_out[-1]
         # The replay is traced separately: `recorded` is an array there, `None` in `first`.
         example = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), decisions)
@@ -187,42 +193,55 @@ def while_loop_plan(
     ```
     """
     max_steps = _check_max_steps(max_steps)
+    _check_record(record_decisions)
     init_val = _tree.strong(init_val)
-    _check_body(cond_fun, body_fun, init_val, outputs, record_decisions)
-    _check_snapshot(snapshot, init_val)
-    loop, params = _loop(
-        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
-    )
+    packed = _check_snapshot(snapshot, init_val)
     if offload is not None:
         _host.check_host_memory("while_loop_plan")
-    return _plan(loop, params, init_val, checkpoints, memory_budget, online, offload)
+    if _sizes_residuals(checkpoints, memory_budget, online, offload):
+        loop, params = _loop(
+            cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
+        )
+        return _plan(loop, params, init_val, packed, checkpoints, memory_budget, online, offload)
+    # The plan needs no trace of the step: only check what the functions return.
+    pred = jax.eval_shape(cond_fun, init_val)
+    out = jax.eval_shape(_first_body(body_fun, record_decisions), init_val)
+    _check_body(pred, out, init_val, outputs, record_decisions)
+    return plan(max_steps, _tree.nbytes(packed), None, checkpoints=checkpoints,
+                memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
 
 
 def _check_snapshot(snapshot, init_val):
+    """Check `snapshot`; return the structure a snapshot holds (`init_val`'s without one)."""
     fix = (
         "snapshot=(pack, unpack) takes two functions: pack(val) returns what a snapshot "
         "keeps, unpack(packed) rebuilds val from it"
     )
     if snapshot is None:
-        return
+        return init_val
     if not (isinstance(snapshot, tuple) and len(snapshot) == 2 and all(map(callable, snapshot))):
         raise TypeError(f"{fix}; got {snapshot!r}")
     pack_fun, unpack_fun = snapshot
-    rebuilt = jax.eval_shape(lambda v: unpack_fun(pack_fun(v)), init_val)
+    packed = jax.eval_shape(pack_fun, init_val)
+    rebuilt = jax.eval_shape(unpack_fun, packed)
     _tree.check_same_structure("unpack(pack(val))", init_val, rebuilt, fix)
+    return packed
 
 
-def _plan(loop, params, init_val, checkpoints, memory_budget, online, offload) -> Plan:
+def _sizes_residuals(checkpoints, memory_budget, online, offload) -> bool:
+    """Whether the plan may store every step's residuals, and so must know their size."""
+    return offload is None and checkpoints is None and (memory_budget is not None or not online)
+
+
+def _plan(loop, params, init_val, packed, checkpoints, memory_budget, online, offload) -> Plan:
     residual_bytes = None
-    if offload is None and checkpoints is None and (memory_budget is not None or not online):
-        # only then may the plan store every step's residuals: size them
+    if _sizes_residuals(checkpoints, memory_budget, online, offload):
         step = lambda p, v: (lambda new, _, values, __: (new, values))(*loop.step(p, v, None, None))
         residuals = jax.eval_shape(
             lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
         )
         residual_bytes = _tree.nbytes(residuals)
-    snapshot = jax.eval_shape(loop.packed, params, init_val)
-    return plan(loop.steps, _tree.nbytes(snapshot), residual_bytes, checkpoints=checkpoints,
+    return plan(loop.steps, _tree.nbytes(packed), residual_bytes, checkpoints=checkpoints,
                 memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
 
 
@@ -311,19 +330,20 @@ def bounded_while_loop(
     Comput. 31(4).
     """
     max_steps = _check_max_steps(max_steps)
+    _check_record(record_decisions)
     init_val = _tree.strong(init_val)
-    _check_body(cond_fun, body_fun, init_val, outputs, record_decisions)
-    _check_snapshot(snapshot, init_val)
+    packed = _check_snapshot(snapshot, init_val)
     # Checks `checkpoints`/`memory_budget` now; the real plan (which traces the step's VJP to
     # size its residuals) is only made if the loop is differentiated.
-    snapshot_val = init_val if snapshot is None else jax.eval_shape(snapshot[0], init_val)
-    plan(max_steps, _tree.nbytes(snapshot_val), None, checkpoints=checkpoints,
+    plan(max_steps, _tree.nbytes(packed), None, checkpoints=checkpoints,
          memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
     if offload is not None:
         _host.check_host_memory("bounded_while_loop")
     loop, params = _loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    the_plan = lambda: _plan(loop, params, init_val, checkpoints, memory_budget, online, offload)
+    the_plan = lambda: _plan(
+        loop, params, init_val, packed, checkpoints, memory_budget, online, offload
+    )
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
