@@ -1,6 +1,7 @@
 """The continuous adjoint ("backsolve"): gradients from an augmented ODE solved backwards."""
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 
 from ._adjoint import AbstractAdjoint, ForwardMode
 from ._backsolve_ode import (
+    BackwardStats,
     Checkpoints,
     Problem,
     all_finite,
@@ -97,6 +99,24 @@ class BacksolveAdjoint(AbstractAdjoint):
         backward stepper is implicit (ESDIRK or Rosenbrock: a stiff problem) and `"backward"`
         otherwise.
     - `window`: steps of dense output `reconstruct="forward"` keeps.
+    - `on_backward`: `None`, or a function called with a `dict` of Python values each time the
+        backward solve runs (once per evaluation of the gradient):
+        - `num_backward_steps`: steps the backward ODE solve attempted (accepted + rejected),
+            summed over its stretches between stops;
+        - `num_accepted_backward_steps`, `num_rejected_backward_steps`: as named;
+        - `num_forward_resolves`: how often `y` was re-solved forwards from a stored state
+            (`reconstruct="forward"`; `0` otherwise; the steps of these re-solves are not in
+            the counts above);
+        - `succeeded`: whether the backward solve succeeded (when it did not, the gradient
+            raises, or is NaN with `EQX_ON_ERROR=nan`).
+
+        These counts cannot be in `sol.stats`: the `Solution` is made by the forward solve,
+        before the backward pass runs (and whether it runs at all is up to the caller). The
+        function is called through `jax.debug.callback`, so it works under `jax.jit` and
+        `jax.grad`; under `jax.vmap` (and `jax.jacrev`, which maps the backward pass over the
+        output rows) it is called once per batch element with that element's values. It is a
+        static field, part of what `jax.jit` caches on, so it must be hashable (a function or
+        bound method is). Call `jax.effects_barrier()` before reading what it recorded.
 
     **Example:**
 
@@ -104,14 +124,20 @@ class BacksolveAdjoint(AbstractAdjoint):
     import jax
     import jax.numpy as jnp
     import odeckpt
-    from odeckpt._backsolve import BacksolveAdjoint
 
-    def loss(y0, k):
-        sol = odeckpt.solve(lambda t, y, k: -k * y, y0, (0.0, 1.0), args=k,
-                            adjoint=BacksolveAdjoint(checkpoints=4))
+    def loss(y0, k, adjoint):
+        sol = odeckpt.solve(lambda t, y, k: -k * y, y0, (0.0, 1.0), args=k, adjoint=adjoint)
         return jnp.sum(sol.ys[-1] ** 2)
 
-    jax.grad(loss, argnums=(0, 1))(jnp.array([1.0, 2.0]), jnp.array(0.5))
+    y0, k = jnp.array([1.0, 2.0]), jnp.array(0.5)
+    jax.grad(loss, argnums=(0, 1))(y0, k, odeckpt.BacksolveAdjoint(checkpoints=4))
+
+    # What the backward solve did:
+    records = []
+    adjoint = odeckpt.BacksolveAdjoint(rtol=1e-8, atol=1e-8, on_backward=records.append)
+    jax.jit(jax.grad(loss), static_argnums=2)(y0, k, adjoint)
+    jax.effects_barrier()
+    print(records[-1]["num_backward_steps"], records[-1]["succeeded"])
     ```
 
     **References:**
@@ -134,6 +160,7 @@ class BacksolveAdjoint(AbstractAdjoint):
     seminorm: bool = eqx.field(default=True, static=True)
     reconstruct: str = eqx.field(default="auto", static=True)
     window: int = eqx.field(default=64, static=True)
+    on_backward: Callable[[dict], None] | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
         if self.reconstruct not in ("auto", "backward", "forward"):
@@ -158,6 +185,18 @@ class BacksolveAdjoint(AbstractAdjoint):
             raise TypeError(
                 f"BacksolveAdjoint(solver={self.solver!r}) is not a stepper. Fix: pass e.g. "
                 "`odeckpt.Tsit5()`."
+            )
+        if self.on_backward is not None and not callable(self.on_backward):
+            raise TypeError(
+                f"BacksolveAdjoint(on_backward={self.on_backward!r}) is not callable. Fix: pass "
+                "a function taking one dict, e.g. `on_backward=records.append` or "
+                "`on_backward=print`."
+            )
+        if self.on_backward is not None and not _hashable(self.on_backward):
+            raise TypeError(
+                f"BacksolveAdjoint(on_backward={self.on_backward!r}) is not hashable, and "
+                "`jax.jit` caches on it. Fix: pass a function or a bound method (e.g. "
+                "`on_backward=recorder.record`)."
             )
 
     def gradient_stats(self, loop, state, outputs, num_steps):
@@ -226,6 +265,14 @@ class BacksolveAdjoint(AbstractAdjoint):
             max_steps=loop.max_steps,
             progress=None,
         )
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def forward_mode_error() -> TypeError:
@@ -327,14 +374,16 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, adjoint: BacksolveAdjoint):
     g = jax.tree.map(jnp.zeros_like, diff)
     if adjoint._forward_reconstruction(loop):
         groups = [group for group in groups if group.jump_a is not None]
-        (a, g), ok, _ = solve_with_forward_states(
+        (a, g), stats = solve_with_forward_states(
             adjoint, loop, state, final, store, problem, diff, groups, dense, (ct_y1, g)
         )
     else:
-        (a, g), ok, _ = solve_backwards(
+        (a, g), stats = solve_backwards(
             adjoint, loop, state, final, problem, diff, groups, dense, (final.y, ct_y1, g)
         )
-    a, g = eqx.error_if((a, g), ~ok, _BACKWARD_FAILED)
+    if adjoint.on_backward is not None:
+        _report(adjoint.on_backward, stats)
+    a, g = eqx.error_if((a, g), ~stats.succeeded, _BACKWARD_FAILED)
 
     ct_t0 = None
     if p_state.t:
@@ -357,3 +406,22 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, adjoint: BacksolveAdjoint):
     grad_loop = dataclasses.replace(none(loop), f=g_f, args=g_args, t_end=ct_t_end, ts=ct_ts)
     grad_state = dataclasses.replace(none(state), y=a, t=ct_t0)
     return grad_loop, grad_state, none(inputs[2])
+
+
+def _report(on_backward: Callable[[dict], None], stats: BackwardStats) -> None:
+    """Hand `stats` to `on_backward` on the host, as the Python values it documents. Under
+    `vmap` `jax.debug.callback` unrolls over the batch: one call per element, with scalars."""
+
+    def on_host(stats: BackwardStats) -> None:
+        accepted, rejected = stats.num_accepted.item(), stats.num_rejected.item()
+        on_backward(
+            {
+                "num_backward_steps": accepted + rejected,
+                "num_accepted_backward_steps": accepted,
+                "num_rejected_backward_steps": rejected,
+                "num_forward_resolves": stats.num_resolves.item(),
+                "succeeded": stats.succeeded.item(),
+            }
+        )
+
+    jax.debug.callback(on_host, stats)

@@ -13,7 +13,7 @@ from ._saveat import SaveAt
 from ._status import Status
 from ._steppers._base import AbstractStepper, Step
 from ._trajectory import empty_trajectory, resolve
-from ._types import Args, Scalar, Y
+from ._types import Args, BoolScalar, IntScalar, Scalar, Y
 
 
 class Checkpoints(eqx.Module):
@@ -23,6 +23,29 @@ class Checkpoints(eqx.Module):
     t: jax.Array
     y: Y
     dt: jax.Array
+
+
+class BackwardStats(eqx.Module):
+    """What the backward solve did: whether every stretch of it succeeded, its steps summed
+    over the stretches, and how often `y` was re-solved forwards (`reconstruct="forward"`)."""
+
+    succeeded: BoolScalar
+    num_accepted: IntScalar
+    num_rejected: IntScalar
+    num_resolves: IntScalar
+
+    @classmethod
+    def none(cls) -> "BackwardStats":
+        zero = jnp.zeros((), jnp.int32)
+        return cls(jnp.array(True), zero, zero, zero)
+
+    def add(self, other: "BackwardStats") -> "BackwardStats":
+        return BackwardStats(
+            succeeded=self.succeeded & other.succeeded,
+            num_accepted=self.num_accepted + other.num_accepted,
+            num_rejected=self.num_rejected + other.num_rejected,
+            num_resolves=self.num_resolves + other.num_resolves,
+        )
 
 
 class Seminorm(AbstractStepper):
@@ -204,7 +227,7 @@ def _initial_dt(controller, stepper, field, s0, z, args, seminorm: bool):
 
 def _segment(stepper, controller, field, args, s0, s1, z, dt, max_steps):
     """Integrate the backward system `field` from `s0` to `s1` (`s = -tau`). Returns the end
-    value, the step size to go on with, whether it succeeded, and the steps taken."""
+    value, the step size to go on with, and the segment's `BackwardStats`."""
     piece = Loop(
         f=field,
         args=args,
@@ -222,7 +245,8 @@ def _segment(stepper, controller, field, args, s0, s1, z, dt, max_steps):
     # A segment shorter than `dt` says little about the step size beyond it.
     one_step = (done.num_steps == 1) & (done.num_accepted == 1)
     dt = jnp.where(done.num_steps == 0, dt, jnp.where(one_step, jnp.maximum(dt, done.dt), done.dt))
-    return done.y, dt, ok, done.num_steps
+    zero = jnp.zeros((), jnp.int32)
+    return done.y, dt, BackwardStats(ok, done.num_accepted, done.num_rejected, zero)
 
 
 class _Events(eqx.Module):
@@ -282,26 +306,25 @@ def _first_dt(adjoint, controller, stepper, state, field, s0, z, args):
 
 def solve_backwards(adjoint, loop, state, final, problem, diff, groups, dense, z):
     """Integrate the augmented system from the final time back to `t0`, stopping at every event
-    (in decreasing time) to re-anchor `y` and add the jumps. Returns `(a, g)` at `t0`, whether
-    every backward segment succeeded, and the backward steps taken."""
+    (in decreasing time) to re-anchor `y` and add the jumps. Returns `(a, g)` at `t0` and the
+    `BackwardStats`."""
     stepper, controller, events = _backward_setup(adjoint, loop, state, groups, dense)
 
     def body(carry):
-        i, s, z, dt, ok, num_steps = carry
+        i, s, z, dt, stats = carry
         j = events.order[i]
         s_event = jnp.maximum(-events.times[j], s)
-        z, dt, ok_segment, steps = _segment(
+        z, dt, segment = _segment(
             stepper, controller, problem.augmented, diff, s, s_event, z, dt, loop.max_steps
         )
         z = events.apply(j, loop.stepper, problem, diff, *z)
-        return i + 1, s_event, z, dt, ok & ok_segment, num_steps + steps
+        return i + 1, s_event, z, dt, stats.add(segment)
 
     s0 = -final.t
     dt = _first_dt(adjoint, controller, stepper, state, problem.augmented, s0, z, diff)
-    zero = jnp.zeros((), jnp.int32)
-    carry = (zero, s0, z, dt, jnp.array(True), zero)
-    _, _, z, _, ok, num_steps = jax.lax.while_loop(lambda c: c[0] < events.count, body, carry)
-    return z[1:], ok, num_steps
+    carry = (jnp.zeros((), jnp.int32), s0, z, dt, BackwardStats.none())
+    _, _, z, _, stats = jax.lax.while_loop(lambda c: c[0] < events.count, body, carry)
+    return z[1:], stats
 
 
 def solve_with_forward_states(
@@ -311,13 +334,14 @@ def solve_with_forward_states(
     `BacksolveAdjoint`, `reconstruct="forward"`): each iteration takes the window ending at the
     current time (re-solved from the latest stored state before it, if the window held does not
     reach below that time), integrates down to the next event or the window's start, and adds
-    the event's jumps. Returns `(a, g)` at `t0`, success, and the backward steps taken."""
+    the event's jumps. Returns `(a, g)` at `t0` and the `BackwardStats`."""
     stepper, controller, events = _backward_setup(adjoint, loop, state, groups, dense)
     anchors = Checkpoints(
         t=state.t[None], y=jax.tree.map(lambda y: y[None], state.y), dt=state.dt[None]
     )
     if store is not None:
         anchors = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), anchors, store)
+    zero = jnp.zeros((), jnp.int32)
 
     def refill(tau):
         row = jnp.sum(anchors.t < tau) - 1
@@ -329,21 +353,23 @@ def solve_with_forward_states(
         return lambda tau: (window, jnp.array(True))
 
     def body(carry):
-        i, tau, a_g, dt, window, ok, num_steps = carry
+        i, tau, a_g, dt, window, stats = carry
         j = events.order[i]
         tau_event = jnp.minimum(events.times[j], tau)
         needed = (window.start >= tau) & (tau > tau_event)
         window, ok_window = jax.lax.cond(needed, refill, keep(window), tau)
         ok_window = ok_window & ((window.start < tau) | ~needed)
-        tau_stop = jnp.maximum(tau_event, window.start)
+        # Not past `tau`: an event at `tau` itself (a save at `t1`) leaves the window unfilled
+        # (its start `inf`), and the segment is empty.
+        tau_stop = jnp.minimum(jnp.maximum(tau_event, window.start), tau)
         args = (diff, window)
-        a_g, dt, ok_segment, steps = _segment(
+        a_g, dt, segment = _segment(
             stepper, controller, problem.adjoint, args, -tau, -tau_stop, a_g, dt, loop.max_steps
         )
         reached = tau_stop <= tau_event
         _, a, g = events.apply(jnp.where(reached, j, -1), loop.stepper, problem, diff, None, *a_g)
-        ok = ok & ok_window & ok_segment
-        return i + reached, tau_stop, (a, g), dt, window, ok, num_steps + steps
+        resolved = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
+        return i + reached, tau_stop, (a, g), dt, window, stats.add(segment).add(resolved)
 
     tau1 = final.t
     window = empty_trajectory(
@@ -353,11 +379,10 @@ def solve_with_forward_states(
     dt = _first_dt(
         adjoint, controller, stepper, state, _at_final(problem, final.y), -tau1, a_g, diff
     )
-    zero = jnp.zeros((), jnp.int32)
-    carry = (zero, tau1, a_g, dt, window, jnp.array(True), zero)
-    cond = lambda c: (c[0] < events.count) & c[5]
-    _, _, a_g, _, _, ok, num_steps = jax.lax.while_loop(cond, body, carry)
-    return a_g, ok, num_steps
+    carry = (zero, tau1, a_g, dt, window, BackwardStats.none())
+    cond = lambda c: (c[0] < events.count) & c[5].succeeded
+    _, _, a_g, _, _, stats = jax.lax.while_loop(cond, body, carry)
+    return a_g, stats
 
 
 def _at_final(problem, y1):

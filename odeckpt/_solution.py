@@ -37,7 +37,8 @@ class Stats(eqx.Module):
     - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
         snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
         also runs one VJP per step; `BacksolveAdjoint`'s backward solve is adaptive and its
-        step count is only known in the backward pass.
+        step count is only known in the backward pass: `BacksolveAdjoint(on_backward=...)`
+        reports it.
 
     **Example:**
 
