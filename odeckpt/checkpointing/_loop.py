@@ -156,8 +156,31 @@ def reverse_body(
     the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the table of
     binomials sized for it); `ct_xs0` is the initial `ct_xs` (its structure only).
     """
+    want_params, want_xs = want
+    recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
     table = jnp.asarray(binomial_table(c, length), _INT)
-    step = _ReverseStep(loop, params, xs, tape, ct_xs0, want)
+    params_f, params_rest = _tree.split_inexact(params)
+
+    def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
+        state_f, state_rest = _tree.split_inexact(state)
+        x = _x(xs, cur)
+        x_f, x_rest = _tree.split_inexact(x)
+
+        def f(p_f, s_f, xx_f):
+            p_f = p_f if want_params else params_f
+            xx_f = xx_f if want_xs else x_f
+            new, idx, values, _ = loop.step(
+                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur,
+                recorded(cur),
+            )  # fmt: skip
+            return (_tree.split_inexact(new)[0], _tree.split_inexact(values)[0]), idx
+
+        diff = (params_f if want_params else None, state_f, x_f if want_xs else None)
+        _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
+        ct_p, ct_s, ct_x = vjp_fn((ct_state, _tree.gather(ct_buffers, idx)))
+        if want_params:
+            ct_params = _tree.add(ct_params, ct_p)
+        return ct_s, ct_params, ct_x, idx
 
     def body(carry):
         end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
@@ -172,10 +195,20 @@ def reverse_body(
         snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
         k = k + push.astype(_INT)
+
+        # Large arrays (snapshots, buffer and `xs` cotangents) stay out of the `lax.cond`s:
+        # XLA may copy what passes through a conditional, at every iteration.
+        def rev(held, ct_state, ct_params):
+            ct_s, ct_params, ct_x, idx = vjp_step(cur, held, ct_state, ct_params, ct_buffers)
+            return held, ct_s, ct_params, ct_x, idx
+
+        def fwd(held, ct_state, ct_params):
+            new, idx, *_ = loop.step(params, held, _x(xs, cur), cur, recorded(cur))
+            ct_x = None if ct_xs0 is None else _tree.zeros_like(_tree.index(ct_xs0, 0))
+            return new, ct_state, ct_params, ct_x, _tree.dropped(idx)
+
         is_rev = cur == end - 1
-        held, ct_state, ct_params, ct_x, idx = step(
-            cur, is_rev, held, ct_state, ct_params, ct_buffers
-        )
+        held, ct_state, ct_params, ct_x, idx = lax.cond(is_rev, rev, fwd, held, ct_state, ct_params)
         ct_buffers = _tree.clear(ct_buffers, idx)
         if ct_xs is not None:
             ct_xs = _store(ct_xs, is_rev, cur, ct_x)
@@ -186,95 +219,6 @@ def reverse_body(
         return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
 
     return body
-
-
-_LINEARISE_ALWAYS_BELOW = 16 * 1024
-"""State size (bytes) below which the reverse sweep linearises every step it takes."""
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _ReverseStep:
-    """The reverse sweep's step: reverse step `cur` or advance over it.
-
-    Below `_LINEARISE_ALWAYS_BELOW` bytes of state, the step is linearised whether it is
-    reversed or advanced over, so the compiled sweep holds one copy of the step instead of two
-    (about a third less to compile); an advance then computes residuals it discards, which
-    only a large state would notice.
-    """
-
-    loop: Loop
-    params: Any
-    xs: Any
-    tape: Any
-    ct_xs0: Any
-    want: tuple[bool, bool]
-
-    def __call__(self, cur, is_rev, held, ct_state, ct_params, ct_buffers):
-        """`(held, ct_state, ct_params, ct_x, idx)` after the step; `idx` is dropped when
-        advancing, so no buffer cotangent is cleared. Large arrays (snapshots, buffer and `xs`
-        cotangents) stay out of the `lax.cond`: XLA may copy what passes through a
-        conditional, at every iteration."""
-
-        def zero_ct_x():
-            return None if self.ct_xs0 is None else _tree.zeros_like(_tree.index(self.ct_xs0, 0))
-
-        def reverse(held, ct_state, ct_params, linearised):
-            _, idx, vjp_fn = linearised
-            ct_p, ct_s, ct_x = vjp_fn((ct_state, _tree.gather(ct_buffers, idx)))
-            if self.want[0]:
-                ct_params = _tree.add(ct_params, ct_p)
-            return held, ct_s, ct_params, ct_x, idx
-
-        def advance(new, idx, ct_state, ct_params):
-            return new, ct_state, ct_params, zero_ct_x(), _tree.dropped(idx)
-
-        if _tree.nbytes(held) < _LINEARISE_ALWAYS_BELOW:
-            new, idx, vjp_fn = linearised = self.linearise(cur, held)
-            return lax.cond(
-                is_rev,
-                lambda held, ct_state, ct_params: reverse(held, ct_state, ct_params, linearised),
-                lambda held, ct_state, ct_params: advance(new, idx, ct_state, ct_params),
-                held, ct_state, ct_params,
-            )  # fmt: skip
-
-        def advance_step(held, ct_state, ct_params):
-            x = _x(self.xs, cur)
-            new, idx, *_ = self.loop.step(self.params, held, x, cur, self.recorded(cur))
-            return advance(new, idx, ct_state, ct_params)
-
-        return lax.cond(
-            is_rev,
-            lambda held, ct_state, ct_params: reverse(
-                held, ct_state, ct_params, self.linearise(cur, held)
-            ),
-            advance_step,
-            held, ct_state, ct_params,
-        )  # fmt: skip
-
-    def recorded(self, cur):
-        return None if self.tape is None else _tree.index(self.tape, cur)
-
-    def linearise(self, cur, state):
-        """`(new, idx, vjp_fn)`: the step from `state` and the pullback of its inexact parts,
-        `(ct_new, ct_values) -> (ct_params, ct_state, ct_x)`."""
-        want_params, want_xs = self.want
-        params_f, params_rest = _tree.split_inexact(self.params)
-        state_f, state_rest = _tree.split_inexact(state)
-        x_f, x_rest = _tree.split_inexact(_x(self.xs, cur))
-
-        def f(p_f, s_f, xx_f):
-            p_f = p_f if want_params else params_f
-            xx_f = xx_f if want_xs else x_f
-            new, idx, values, _ = self.loop.step(
-                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur,
-                self.recorded(cur),
-            )  # fmt: skip
-            new_f, new_rest = _tree.split_inexact(new)
-            return (new_f, _tree.split_inexact(values)[0]), (idx, new_rest)
-
-        diff = (params_f if want_params else None, state_f, x_f if want_xs else None)
-        (new_f, _), vjp_fn, (idx, new_rest) = jax.vjp(f, *diff, has_aux=True)
-        return _combine(new_f, new_rest), idx, vjp_fn
 
 
 def _store(stack, pred, i, value):
