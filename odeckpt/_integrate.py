@@ -24,7 +24,8 @@ from ._steppers._base import AbstractStepper
 from ._types import Args, IntScalar, Scalar, VectorField, Y
 
 MAX_SAVES_PER_STEP = 16
-"""Save times interpolated per step at most; a step is shortened to hit the last of them."""
+"""Save times interpolated per step at most; a step is shortened to hit the last of them.
+At most 31: `StepRecord` keeps the count in 5 bits."""
 
 
 def saves_per_step(stepper: AbstractStepper) -> int:
@@ -57,22 +58,41 @@ class LoopState(eqx.Module):
 
 
 class StepRecord(eqx.Module):
-    """The discrete decisions of one attempted step (see `Loop.step`)."""
+    """The discrete decisions of one attempted step (see `Loop.step`). The checkpointing
+    engine keeps `max_steps` of them, so the verdict, the clipping and the save count share one
+    byte: bits 0-1 the verdict, bit 2 `clipped`, bits 3-7 `saved` (at most
+    `MAX_SAVES_PER_STEP`)."""
 
     accepted: ClassVar[int] = 1
     rejected: ClassVar[int] = 0
     newton_failed: ClassVar[int] = 2
 
-    verdict: Array
-    """`accepted`, `rejected` (error too large) or `newton_failed`."""
-    clipped: Array
-    """Whether the step was shortened to land on the end of the span or a save time."""
-    saved: IntScalar
-    """How many save times it interpolated."""
+    code: Array
+    """`uint8`: `verdict + 4 * clipped + 8 * saved`."""
     next_dt: Scalar
     """The step size proposed for the next step. Step sizes are not differentiated, and an
     error estimate at its rounding-noise floor (Rodas5 at tight tolerances) can propose
     visibly different ones when the recomputation rounds differently."""
+
+    @classmethod
+    def make(cls, verdict: Array, clipped: Array, saved: IntScalar, next_dt: Scalar):
+        code = verdict.astype(jnp.uint8) + 4 * clipped.astype(jnp.uint8)
+        return cls(code + 8 * saved.astype(jnp.uint8), next_dt)
+
+    @property
+    def verdict(self) -> Array:
+        """`accepted`, `rejected` (error too large) or `newton_failed`."""
+        return self.code & 3
+
+    @property
+    def clipped(self) -> Array:
+        """Whether the step was shortened to land on the end of the span or a save time."""
+        return (self.code & 4) != 0
+
+    @property
+    def saved(self) -> IntScalar:
+        """How many save times it interpolated."""
+        return (self.code >> 3).astype(jnp.int32)
 
 
 class Loop(eqx.Module):
@@ -167,7 +187,7 @@ class Loop(eqx.Module):
         if newton_failed is not None:
             verdict = jnp.where(newton_failed, StepRecord.newton_failed, verdict)
         saved = save_index - state.save_index
-        made = StepRecord(verdict.astype(jnp.int8), clipped, saved, next_dt)
+        made = StepRecord.make(verdict, clipped, saved, next_dt)
         return new, writes, made
 
     def _stop(self, state: LoopState) -> Scalar:

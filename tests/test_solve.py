@@ -313,3 +313,16 @@ def test_constant_step_count_is_predicted_exactly():
         per_step = saves_per_step(stepper_from_name(solver))
         predicted = constant_step_count(t0, t1, dt, ts, per_step, np.dtype(dtype), 10_000)
         assert predicted == int(sol.stats.num_steps)
+
+
+def test_step_record_packs_its_decisions_in_one_byte():
+    from odeckpt._integrate import MAX_SAVES_PER_STEP, StepRecord
+
+    verdicts = [StepRecord.rejected, StepRecord.accepted, StepRecord.newton_failed]
+    cases = [(v, c, s) for v in verdicts for c in (False, True) for s in range(MAX_SAVES_PER_STEP + 1)]
+    v, c, s = (jnp.asarray(x) for x in zip(*cases, strict=True))
+    record = jax.vmap(StepRecord.make)(v, c, s.astype(jnp.int32), jnp.ones(len(cases)))
+    assert record.code.dtype == jnp.uint8
+    np.testing.assert_array_equal(record.verdict, v)
+    np.testing.assert_array_equal(record.clipped, c)
+    np.testing.assert_array_equal(record.saved, s)

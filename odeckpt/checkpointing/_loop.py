@@ -7,6 +7,7 @@ decisions come from unbatched integer arithmetic on a small table of binomials (
 """
 
 import dataclasses
+from functools import partial
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,8 @@ class Loop:
     - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     - `pack(params, state) -> packed`, `unpack(params, packed) -> state`: what a snapshot
         holds (default: the whole state). `unpack` must rebuild exactly the state that was
-        packed; it runs once per restore in the reverse sweep.
+        packed; it runs once per restore in the reverse sweep. Snapshots store `packed` as a
+        `_tree.Flat` (its small leaves in one vector per dtype).
     """
 
     step: Callable[..., tuple[Any, jax.Array, Any]]
@@ -48,10 +50,11 @@ class Loop:
     unpack: Callable[..., Any] | None = None
     decisions: Any = None
 
-    def packed(self, params, state):
-        return state if self.pack is None else self.pack(params, state)
+    def packed(self, params, state) -> _tree.Flat:
+        return _tree.flat(state if self.pack is None else self.pack(params, state))
 
-    def unpacked(self, params, packed):
+    def unpacked(self, params, packed: _tree.Flat):
+        packed = packed.tree()
         return packed if self.unpack is None else self.unpack(params, packed)
 
 
@@ -79,7 +82,10 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     else:
         snaps = pos = None
     pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred, tape)
+    # The loop carries the state as a `_tree.Flat`: a few vectors instead of many small
+    # leaves, each of which XLA:CPU would copy at every iteration.
+    flat = _tree.flat(init)
+    carry = (jnp.array(0, _INT), flat, flat, snaps, pos, buffers, pred, tape)
 
     def keep_going(carry):
         i, *_, pred, _ = carry
@@ -90,16 +96,17 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         i, state, prev, snaps, pos, buffers, _, tape = carry
         if save:
             slot = table[i]
-            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev))
+            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev.tree()))
             pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
-        new, idx, values, made = loop.step(params, state, _x(xs, i), i)
+        new, idx, values, made = loop.step(params, state.tree(), _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
         if record:
             tape = _tree.update(tape, made, i)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, new, state, snaps, pos, buffers, pred, tape
+        return i + 1, _tree.flat(new), state, snaps, pos, buffers, pred, tape
 
     n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
+    state, held = state.tree(), held.tree()
     return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
@@ -131,7 +138,7 @@ def reverse(
     k = jnp.sum(pos >= 0).astype(_INT)
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, ct_xs, want)
-    carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
+    carry = (n, n - 1, k, stack, _tree.flat(held), snaps, ct_state, ct_params, ct_xs, ct_buffers)
     out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[6:]
     return ct_params, ct_state, ct_xs, ct_buffers
@@ -149,13 +156,15 @@ def reverse_body(
     loop: Loop, params, xs, tape, c: int, length: int, perm, ct_xs0,
     want: tuple[bool, bool],
 ):  # fmt: skip
-    """One iteration of the reverse sweep, on the carry `(end, cur, k, stack, held, snaps,
-    ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot if no state is in hand
-    (`cur < 0`), store the state in hand if Revolve's split says so, then reverse step
-    `end - 1` or advance one step. `stack[:k]` are the stored positions (sorted), `perm[j]`
-    the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the table of
-    binomials sized for it); `ct_xs0` is the initial `ct_xs` (its structure only).
+    """One iteration of the reverse sweep, which reverses one step, on the carry `(end, cur,
+    k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot
+    unless the state before step `end - 1` is in hand (`cur = end - 1`: the first iteration),
+    advance from it to `end - 1` in an inner loop of plain steps, storing the states Revolve's
+    split says, then reverse step `end - 1`. `stack[:k]` are the stored positions (sorted),
+    `perm[j]` the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the
+    table of binomials sized for it); `ct_xs0` is the initial `ct_xs` (its structure only).
     """
+    del ct_xs0
     want_params, want_xs = want
     recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
     table = jnp.asarray(binomial_table(c, length), _INT)
@@ -182,41 +191,36 @@ def reverse_body(
             ct_params = _tree.add(ct_params, ct_p)
         return ct_s, ct_params, ct_x, idx
 
+    def advance(end, inner):
+        """Step `cur` of the inner loop: store the state in hand if the split says so."""
+        cur, k, stack, held, snaps = inner
+        top = stack[k - 1]
+        free = c - k + 1
+        push = (free >= 2) & (cur == top + _split(table, end - top, free))
+        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held.tree()))
+        stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
+        held = loop.step(params, held.tree(), _x(xs, cur), cur, recorded(cur))[0]
+        return cur + 1, k + push.astype(_INT), stack, _tree.flat(held), snaps
+
     def body(carry):
         end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
-        top, top_slot = stack[k - 1], perm[k - 1]
-        held, cur = lax.cond(
-            cur < 0,
-            lambda: (loop.unpacked(params, _tree.index(snaps, top_slot)), top),
-            lambda: (held, cur),
+        # Every iteration but the first (which holds the state before the last step) restores
+        # the top snapshot.
+        restore = lambda: _tree.flat(loop.unpacked(params, _tree.index(snaps, perm[k - 1])))
+        held = lax.cond(cur < 0, restore, lambda: held)
+        cur = jnp.where(cur < 0, stack[k - 1], cur)
+        inner = (cur, k, stack, held, snaps)
+        inner = lax.while_loop(lambda inner: inner[0] < end - 1, partial(advance, end), inner)
+        _, k, stack, held, snaps = inner
+        ct_state, ct_params, ct_x, idx = vjp_step(
+            end - 1, held.tree(), ct_state, ct_params, ct_buffers
         )
-        free = c - k + 1
-        push = (free >= 2) & (cur < end - 1) & (cur == top + _split(table, end - top, free))
-        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
-        stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
-        k = k + push.astype(_INT)
-
-        # Large arrays (snapshots, buffer and `xs` cotangents) stay out of the `lax.cond`s:
-        # XLA may copy what passes through a conditional, at every iteration.
-        def rev(held, ct_state, ct_params):
-            ct_s, ct_params, ct_x, idx = vjp_step(cur, held, ct_state, ct_params, ct_buffers)
-            return held, ct_s, ct_params, ct_x, idx
-
-        def fwd(held, ct_state, ct_params):
-            new, idx, *_ = loop.step(params, held, _x(xs, cur), cur, recorded(cur))
-            ct_x = None if ct_xs0 is None else _tree.zeros_like(_tree.index(ct_xs0, 0))
-            return new, ct_state, ct_params, ct_x, _tree.dropped(idx)
-
-        is_rev = cur == end - 1
-        held, ct_state, ct_params, ct_x, idx = lax.cond(is_rev, rev, fwd, held, ct_state, ct_params)
         ct_buffers = _tree.clear(ct_buffers, idx)
         if ct_xs is not None:
-            ct_xs = _store(ct_xs, is_rev, cur, ct_x)
-        end = jnp.where(is_rev, end - 1, end)
-        cur = jnp.where(is_rev, -1, cur + 1)
-        pop = is_rev & (end == stack[k - 1])
-        k = k - pop.astype(_INT)
-        return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
+            ct_xs = _tree.update(ct_xs, ct_x, end - 1)
+        end = end - 1
+        k = k - (end == stack[k - 1]).astype(_INT)
+        return end, jnp.array(-1, _INT), k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
 
     return body
 
