@@ -319,7 +319,8 @@ def test_step_record_packs_its_decisions_in_one_byte():
     from odeckpt._integrate import MAX_SAVES_PER_STEP, StepRecord
 
     verdicts = [StepRecord.rejected, StepRecord.accepted, StepRecord.newton_failed]
-    cases = [(v, c, s) for v in verdicts for c in (False, True) for s in range(MAX_SAVES_PER_STEP + 1)]
+    saves = range(MAX_SAVES_PER_STEP + 1)
+    cases = [(v, c, s) for v in verdicts for c in (False, True) for s in saves]
     v, c, s = (jnp.asarray(x) for x in zip(*cases, strict=True))
     record = jax.vmap(StepRecord.make)(v, c, s.astype(jnp.int32), jnp.ones(len(cases)))
     assert record.code.dtype == jnp.uint8

@@ -7,8 +7,8 @@ decisions come from unbatched integer arithmetic on a small table of binomials (
 """
 
 import dataclasses
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import equinox as eqx
@@ -137,7 +137,7 @@ def reverse(
     stack = pos[perm]
     k = jnp.sum(pos >= 0).astype(_INT)
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
-    body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, ct_xs, want)
+    body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, want)
     carry = (n, n - 1, k, stack, _tree.flat(held), snaps, ct_state, ct_params, ct_xs, ct_buffers)
     out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[6:]
@@ -153,8 +153,7 @@ def cotangent_zeros(params, xs, want: tuple[bool, bool]):
 
 
 def reverse_body(
-    loop: Loop, params, xs, tape, c: int, length: int, perm, ct_xs0,
-    want: tuple[bool, bool],
+    loop: Loop, params, xs, tape, c: int, length: int, perm, want: tuple[bool, bool]
 ):  # fmt: skip
     """One iteration of the reverse sweep, which reverses one step, on the carry `(end, cur,
     k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot
@@ -162,9 +161,8 @@ def reverse_body(
     advance from it to `end - 1` in an inner loop of plain steps, storing the states Revolve's
     split says, then reverse step `end - 1`. `stack[:k]` are the stored positions (sorted),
     `perm[j]` the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the
-    table of binomials sized for it); `ct_xs0` is the initial `ct_xs` (its structure only).
+    table of binomials sized for it).
     """
-    del ct_xs0
     want_params, want_xs = want
     recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
     table = jnp.asarray(binomial_table(c, length), _INT)
@@ -220,7 +218,8 @@ def reverse_body(
             ct_xs = _tree.update(ct_xs, ct_x, end - 1)
         end = end - 1
         k = k - (end == stack[k - 1]).astype(_INT)
-        return end, jnp.array(-1, _INT), k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
+        cur = jnp.array(-1, _INT)
+        return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
 
     return body
 

@@ -74,7 +74,7 @@ def reverse(
     c = checkpoints
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     perm = jnp.arange(c, dtype=_INT)
-    body = reverse_body(loop, params, xs, tape, c, segment, perm, ct_xs, want)
+    body = reverse_body(loop, params, xs, tape, c, segment, perm, want)
     snaps = _tree.stack_zeros(loop.packed(params, held), c)
 
     def run_segment(carry):

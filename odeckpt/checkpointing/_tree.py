@@ -130,8 +130,8 @@ class Flat(eqx.Module):
             if group < 0:
                 leaves.append(self.large[start])
             else:
-                size = math.prod(shape)
-                leaves.append(lax.slice_in_dim(self.vectors[group], start, start + size).reshape(shape))
+                part = lax.slice_in_dim(self.vectors[group], start, start + math.prod(shape))
+                leaves.append(part.reshape(shape))
         return jtu.tree_unflatten(self.treedef, leaves)
 
 
