@@ -15,9 +15,6 @@ from .checkpointing._cost import offload_recomputed_steps, recomputed_steps
 from .checkpointing._linear import linear_call
 from .checkpointing.schedules import offline_schedule, online_schedule, plan as plan_schedule
 
-_UNBOUNDED = 2**62
-"""A memory budget that always admits the residuals regime: store every step's VJP residuals."""
-
 
 class AbstractAdjoint(eqx.Module):
     """Runs the integration loop. Each adjoint picks the loop runner that gives its kind of
@@ -207,10 +204,12 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
 
 
 class DirectAdjoint(AbstractAdjoint):
-    """Reverse mode storing everything: the VJP residuals of every step up to `max_steps` are
-    kept, so there is no recomputation, at memory `O(max_steps)` (whatever the number of steps
-    actually taken). Fast for small states and short solves; also supports `jax.jvp`/`jacfwd`.
-    For bounded memory use `RecursiveCheckpointAdjoint`.
+    """Reverse mode storing everything: the state before every step up to `max_steps` is
+    kept, so the reverse sweep differentiates each step straight from its input and recomputes
+    nothing else, at memory `O(max_steps)` states (whatever the number of steps actually taken;
+    a state here is the whole step state, solution and step size included). Fast for small
+    states and short solves; also supports `jax.jvp`/`jacfwd`. For bounded memory use
+    `RecursiveCheckpointAdjoint`.
 
     **Example:**
 
@@ -222,9 +221,15 @@ class DirectAdjoint(AbstractAdjoint):
     """
 
     def run(self, loop, state, outputs):
-        return _checkpointed(
-            loop, state, outputs, max_steps=loop.max_steps, memory_budget=_UNBOUNDED
-        )
+        return _checkpointed(loop, state, outputs, **self._plan(loop))
+
+    def gradient_stats(self, loop, state, outputs, num_steps):
+        return _checkpointed_stats(loop, state, outputs, num_steps, **self._plan(loop))
+
+    @staticmethod
+    def _plan(loop: Loop) -> dict:
+        # A snapshot slot for every step: the engine then stores every state, never advances.
+        return dict(max_steps=loop.max_steps, checkpoints=loop.max_steps)
 
 
 class ForwardMode(AbstractAdjoint):

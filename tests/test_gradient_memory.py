@@ -10,8 +10,8 @@ a power of two so that the accumulated time is exact and the solve takes exactly
 
 - `RecursiveCheckpointAdjoint(checkpoints=c)` holds `c` snapshots whatever `n`: flat in `n`,
   and one more state per extra checkpoint.
-- `DirectAdjoint` stores every step's residuals: affine in `n`, with a slope of at least one
-  state per step.
+- `DirectAdjoint` stores the state before every step: affine in `n`, with a slope of at least
+  one state per step.
 - `BacksolveAdjoint` stores nothing per step: flat in `n`.
 - At equal `checkpoints`, with Tsit5, odeckpt needs no more than `diffrax`'s
   `RecursiveCheckpointAdjoint`.
@@ -132,7 +132,7 @@ def test_direct_memory_grows_linearly_in_steps():
     slopes = [(m1 - m0) / (n1 - n0), (m2 - m1) / (n2 - n1)]
     # Affine in n: the same bytes per step between 1000 and 4000 as between 4000 and 16000 ...
     assert slopes[1] == pytest.approx(slopes[0], rel=0.1), (temps, slopes)
-    # ... and at least one state per step (RK4's residuals are several).
+    # ... and at least one state per step.
     assert slopes[0] >= STATE_BYTES, (temps, slopes)
     assert temps[-1] >= 0.9 * (STEPS[-1] / STEPS[0]) * temps[0], temps
 

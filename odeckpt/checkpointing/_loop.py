@@ -165,7 +165,8 @@ def reverse_body(
     """
     want_params, want_xs = want
     recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
-    table = jnp.asarray(binomial_table(c, length), _INT)
+    # With a slot for every step the forward sweep stores every state: no advance, no table.
+    table = jnp.asarray(binomial_table(c, length), _INT) if c < length else None
     params_f, params_rest = _tree.split_inexact(params)
 
     def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
@@ -194,7 +195,8 @@ def reverse_body(
         cur, k, stack, held, snaps = inner
         top = stack[k - 1]
         free = c - k + 1
-        push = (free >= 2) & (cur == top + _split(table, end - top, free))
+        split = 1 if table is None else _split(table, end - top, free)
+        push = (free >= 2) & (cur == top + split)
         snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held.tree()))
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
         held = loop.step(params, held.tree(), _x(xs, cur), cur, recorded(cur))[0]
