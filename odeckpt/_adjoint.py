@@ -88,7 +88,7 @@ def _engine_form(loop: Loop, state: LoopState, outputs: tuple[Y, ...], plan: dic
     return body, dict(kwargs, outputs=list(outputs))
 
 
-_RECOMPUTE_CACHE_FROM = 64 * 1024
+_RECOMPUTE_CACHE_FROM = 16 * 1024
 """State size (bytes) from which snapshots leave out a stepper state that is `f(t, y)`."""
 
 
