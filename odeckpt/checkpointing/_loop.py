@@ -1,7 +1,8 @@
 """The engine: one forward loop that stores snapshots, one reverse loop that replays a schedule.
 
-Both loops hold one step function (and the reverse loop one VJP of it), whatever the number of
-steps or the schedule's depth, so compile time does not depend on either. The reverse loop's
+The forward loop holds one step function, the reverse loop one VJP of it and an inner loop of
+plain steps (its advances), whatever the number of steps or the schedule's depth, so compile time
+does not depend on either. The reverse loop's
 decisions come from unbatched integer arithmetic on a small table of binomials (`split`, see
 `schedules.split`), never from batched data.
 """

@@ -84,11 +84,6 @@ def clear(ct_buffers, idx):
     return jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
 
 
-def dropped(idx):
-    """Indices like `idx` that every write drops (out of range)."""
-    return jtu.tree_map(lambda i: jnp.full_like(i, jnp.iinfo(i.dtype).max), idx)
-
-
 def check_same_structure(what, expected, got, fix):
     """Raise a `TypeError` naming `fix` if `got` differs from `expected` (structure/shape/dtype)."""
     e_leaves, e_def = jtu.tree_flatten(expected)
