@@ -83,10 +83,11 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     else:
         snaps = pos = None
     pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    # The loop carries the state as a `_tree.Flat`: a few vectors instead of many small
-    # leaves, each of which XLA:CPU would copy at every iteration.
-    flat = _tree.flat(init)
-    carry = (jnp.array(0, _INT), flat, flat, snaps, pos, buffers, pred, tape)
+    # The state before the step is carried as a `_tree.Flat`, a fresh buffer: a few vectors
+    # instead of many small leaves, each of which XLA:CPU would copy at every iteration. The
+    # state itself keeps its leaves, whose batching under `vmap` is the caller's (packing
+    # would batch an unbatched leaf with the batched ones).
+    carry = (jnp.array(0, _INT), init, _tree.flat(init), snaps, pos, buffers, pred, tape)
 
     def keep_going(carry):
         i, *_, pred, _ = carry
@@ -99,15 +100,15 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
             slot = table[i]
             snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev.tree()))
             pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
-        new, idx, values, made = loop.step(params, state.tree(), _x(xs, i), i)
+        new, idx, values, made = loop.step(params, state, _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
         if record:
             tape = _tree.update(tape, made, i)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, _tree.flat(new), state, snaps, pos, buffers, pred, tape
+        return i + 1, new, _tree.flat(state), snaps, pos, buffers, pred, tape
 
     n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
-    state, held = state.tree(), held.tree()
+    held = held.tree()
     return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
