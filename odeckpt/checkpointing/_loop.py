@@ -40,8 +40,7 @@ class Loop:
     - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     - `pack(params, state) -> packed`, `unpack(params, packed) -> state`: what a snapshot
         holds (default: the whole state). `unpack` must rebuild exactly the state that was
-        packed; it runs once per restore in the reverse sweep. Snapshots store `packed` as a
-        `_tree.Flat` (its small leaves in one vector per dtype).
+        packed; it runs once per restore in the reverse sweep.
     """
 
     step: Callable[..., tuple[Any, jax.Array, Any]]
@@ -51,11 +50,10 @@ class Loop:
     unpack: Callable[..., Any] | None = None
     decisions: Any = None
 
-    def packed(self, params, state) -> _tree.Flat:
-        return _tree.flat(state if self.pack is None else self.pack(params, state))
+    def packed(self, params, state):
+        return state if self.pack is None else self.pack(params, state)
 
-    def unpacked(self, params, packed: _tree.Flat):
-        packed = packed.tree()
+    def unpacked(self, params, packed):
         return packed if self.unpack is None else self.unpack(params, packed)
 
 
@@ -83,11 +81,7 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     else:
         snaps = pos = None
     pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    # The state before the step is carried as a `_tree.Flat`, a fresh buffer: a few vectors
-    # instead of many small leaves, each of which XLA:CPU would copy at every iteration. The
-    # state itself keeps its leaves, whose batching under `vmap` is the caller's (packing
-    # would batch an unbatched leaf with the batched ones).
-    carry = (jnp.array(0, _INT), init, _tree.flat(init), snaps, pos, buffers, pred, tape)
+    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred, tape)
 
     def keep_going(carry):
         i, *_, pred, _ = carry
@@ -98,17 +92,16 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         i, state, prev, snaps, pos, buffers, _, tape = carry
         if save:
             slot = table[i]
-            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev.tree()))
+            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev))
             pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
         new, idx, values, made = loop.step(params, state, _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
         if record:
             tape = _tree.update(tape, made, i)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, new, _tree.flat(state), snaps, pos, buffers, pred, tape
+        return i + 1, new, state, snaps, pos, buffers, pred, tape
 
     n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
-    held = held.tree()
     return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
@@ -140,7 +133,7 @@ def reverse(
     k = jnp.sum(pos >= 0).astype(_INT)
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, want)
-    carry = (n, n - 1, k, stack, _tree.flat(held), snaps, ct_state, ct_params, ct_xs, ct_buffers)
+    carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
     out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[6:]
     return ct_params, ct_state, ct_xs, ct_buffers
@@ -199,24 +192,22 @@ def reverse_body(
         free = c - k + 1
         split = 1 if table is None else _split(table, end - top, free)
         push = (free >= 2) & (cur == top + split)
-        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held.tree()))
+        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
-        held = loop.step(params, held.tree(), _x(xs, cur), cur, recorded(cur))[0]
-        return cur + 1, k + push.astype(_INT), stack, _tree.flat(held), snaps
+        held = loop.step(params, held, _x(xs, cur), cur, recorded(cur))[0]
+        return cur + 1, k + push.astype(_INT), stack, held, snaps
 
     def body(carry):
         end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
         # Every iteration but the first (which holds the state before the last step) restores
         # the top snapshot.
-        restore = lambda: _tree.flat(loop.unpacked(params, _tree.index(snaps, perm[k - 1])))
+        restore = lambda: loop.unpacked(params, _tree.index(snaps, perm[k - 1]))
         held = lax.cond(cur < 0, restore, lambda: held)
         cur = jnp.where(cur < 0, stack[k - 1], cur)
         inner = (cur, k, stack, held, snaps)
         inner = lax.while_loop(lambda inner: inner[0] < end - 1, partial(advance, end), inner)
         _, k, stack, held, snaps = inner
-        ct_state, ct_params, ct_x, idx = vjp_step(
-            end - 1, held.tree(), ct_state, ct_params, ct_buffers
-        )
+        ct_state, ct_params, ct_x, idx = vjp_step(end - 1, held, ct_state, ct_params, ct_buffers)
         ct_buffers = _tree.clear(ct_buffers, idx)
         if ct_xs is not None:
             ct_xs = _tree.update(ct_xs, ct_x, end - 1)

@@ -89,7 +89,7 @@ def reverse(
         return end, cur, j - 1, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
 
     last = (n - 1) // segment
-    carry = (n, n - 1, last, _tree.flat(held), snaps, ct_state, ct_params, ct_xs, ct_buffers)
+    carry = (n, n - 1, last, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
     out = lax.while_loop(lambda carry: carry[0] > 0, run_segment, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[5:]
     return ct_params, ct_state, ct_xs, ct_buffers

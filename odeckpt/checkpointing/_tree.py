@@ -1,10 +1,8 @@
 """Small pytree helpers shared by the loops."""
 
 import math
-from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
@@ -99,54 +97,3 @@ def check_same_structure(what, expected, got, fix):
 def strong(tree):
     """Leaves as arrays with concrete (non-weak) dtypes, so loop carries keep their types."""
     return jtu.tree_map(lambda x: jnp.array(x, dtype=jnp.result_type(x)), tree)
-
-
-FLAT_MAX_SIZE = 1024
-"""Leaves of at most this many elements are packed into their dtype's vector by `flat`."""
-
-
-class Flat(eqx.Module):
-    """A pytree with its small leaves packed into one vector per dtype, large leaves kept.
-
-    A loop's snapshot of a state with many small leaves (time, step size, counters, status)
-    then costs one write and one read per dtype instead of one per leaf: on XLA:CPU each is
-    its own kernel, compiled separately and launched at every step."""
-
-    vectors: tuple[jax.Array, ...]
-    large: tuple[jax.Array, ...]
-    treedef: Any = eqx.field(static=True)
-    layout: tuple[tuple[int, int, tuple[int, ...]], ...] = eqx.field(static=True)
-    """Per leaf `(vector, offset, shape)`, or `(-1, index into large, shape)`."""
-
-    def tree(self):
-        """The pytree that was packed."""
-        leaves = []
-        for group, start, shape in self.layout:
-            if group < 0:
-                leaves.append(self.large[start])
-            else:
-                part = lax.slice_in_dim(self.vectors[group], start, start + math.prod(shape))
-                leaves.append(part.reshape(shape))
-        return jtu.tree_unflatten(self.treedef, leaves)
-
-
-def flat(tree) -> Flat:
-    """`tree` as a `Flat`: leaves of up to `FLAT_MAX_SIZE` elements concatenated by dtype."""
-    leaves, treedef = jtu.tree_flatten(tree)
-    groups: dict[Any, list] = {}
-    large, layout = [], []
-    for x in leaves:
-        shape, dtype = jnp.shape(x), jnp.result_type(x)
-        if math.prod(shape) > FLAT_MAX_SIZE:
-            layout.append((-1, len(large), shape))
-            large.append(x)
-            continue
-        members = groups.setdefault(dtype, [])
-        start = sum(math.prod(jnp.shape(m)) for m in members)
-        layout.append((list(groups).index(dtype), start, shape))
-        members.append(x)
-    vectors = tuple(
-        jnp.concatenate([jnp.ravel(jnp.asarray(m, dtype)) for m in members])
-        for dtype, members in groups.items()
-    )
-    return Flat(vectors, tuple(large), treedef, tuple(layout))
