@@ -195,7 +195,8 @@ class PIDController(AbstractController):
         )
 
     def init(self, f, t0, y0, f0, args, stepper, dt0):
-        inverse_errors = (jnp.ones_like(t0), jnp.ones_like(t0))
+        # The last two inverse error norms, in one vector (one loop-carried leaf, not two).
+        inverse_errors = jnp.ones((2,), jnp.result_type(t0))
         if dt0 is not None:
             return self._clip(jnp.asarray(dt0, t0.dtype)), inverse_errors, 0
         dt = jax.lax.stop_gradient(self._initial_dt(f, t0, y0, f0, args, stepper))
@@ -239,7 +240,7 @@ class PIDController(AbstractController):
         b2 = -(self.pcoeff + 2 * self.dcoeff) / k
         b3 = self.dcoeff / k
         inverse = jnp.where(finite, 1 / jnp.maximum(error, 1e-10), 0.0)
-        inverse_prev, inverse_prev2 = state
+        inverse_prev, inverse_prev2 = state[0], state[1]
         factor = self.safety * inverse**b1
         if b2 != 0:
             factor = factor * inverse_prev**b2
@@ -251,11 +252,7 @@ class PIDController(AbstractController):
         # An accepted step shortened to hit a save time says nothing against the longer proposal.
         next_dt = jnp.where(accept & clipped, jnp.maximum(next_dt, dt), next_dt)
         next_dt = jax.lax.stop_gradient(self._clip(next_dt))
-        state = jax.tree.map(
-            lambda new, old: jnp.where(accept, new, old),
-            (inverse, inverse_prev),
-            state,
-        )
+        state = jnp.where(accept, jnp.stack([inverse, inverse_prev]), state)
         return Decision(
             accept=accept,
             next_dt=next_dt,

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from ._controllers import AbstractController, all_finite
 from ._progress import ProgressMeter
@@ -39,6 +39,10 @@ Writes = tuple[tuple[Array, Y], ...]
 dropped."""
 
 
+def _count(i: int, doc: str) -> property:
+    return property(lambda state: state.counts[i], doc=doc)
+
+
 class LoopState(eqx.Module):
     """What the loop carries from step to step (and all that a checkpoint must hold)."""
 
@@ -47,14 +51,19 @@ class LoopState(eqx.Module):
     dt: Scalar
     stepper_state: Y
     controller_state: Y
-    save_index: IntScalar
-    num_steps: IntScalar
-    num_accepted: IntScalar
-    num_rejected: IntScalar
-    num_jacobian_evals: IntScalar
-    num_lu_factorisations: IntScalar
-    num_fn_evals: IntScalar
+    counts: Int[Array, "7"]
+    """The integer bookkeeping, read through the properties below: one vector, which XLA
+    updates with one kernel per step instead of one per counter (on XLA:CPU every small kernel
+    is launched at every step, and compiled separately)."""
     status: Status
+
+    save_index = _count(0, "How many save times have been written.")
+    num_steps = _count(1, "Steps attempted.")
+    num_accepted = _count(2, "Steps accepted.")
+    num_rejected = _count(3, "Steps rejected.")
+    num_jacobian_evals = _count(4, "Jacobian evaluations of an implicit stepper.")
+    num_lu_factorisations = _count(5, "LU factorisations of an implicit stepper.")
+    num_fn_evals = _count(6, "Vector-field evaluations in the steps.")
 
 
 class StepRecord(eqx.Module):
@@ -159,19 +168,18 @@ class Loop(eqx.Module):
         save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept, saved)
         fn_evals = step.num_fn_evals
         fn_evals = self.stepper.fn_evals_per_step if fn_evals is None else fn_evals
+        num_saved = save_index - state.save_index
+        increments = _stack_counts(
+            num_saved, 1, accept, ~accept, step.num_jacobian_evals,
+            step.num_lu_factorisations, fn_evals,
+        )  # fmt: skip
         new = LoopState(
             t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
             y=keep(step.y1, state.y),
             dt=next_dt,
             stepper_state=keep(step.state, on_reject),
             controller_state=decision.state,
-            save_index=save_index,
-            num_steps=state.num_steps + 1,
-            num_accepted=state.num_accepted + accept,
-            num_rejected=state.num_rejected + ~accept,
-            num_jacobian_evals=state.num_jacobian_evals + step.num_jacobian_evals,
-            num_lu_factorisations=state.num_lu_factorisations + step.num_lu_factorisations,
-            num_fn_evals=state.num_fn_evals + fn_evals,
+            counts=state.counts + increments,
             status=status,
         )
         if self.progress is not None:
@@ -186,8 +194,7 @@ class Loop(eqx.Module):
         verdict = jnp.where(accept, StepRecord.accepted, StepRecord.rejected)
         if newton_failed is not None:
             verdict = jnp.where(newton_failed, StepRecord.newton_failed, verdict)
-        saved = save_index - state.save_index
-        made = StepRecord.make(verdict, clipped, saved, next_dt)
+        made = StepRecord.make(verdict, clipped, num_saved, next_dt)
         return new, writes, made
 
     def _stop(self, state: LoopState) -> Scalar:
@@ -248,13 +255,7 @@ class Loop(eqx.Module):
             dt=jnp.minimum(dt, self.t_end - t0),
             stepper_state=stepper_state,
             controller_state=controller_state,
-            save_index=_zero_count(),
-            num_steps=_zero_count(),
-            num_accepted=_zero_count(),
-            num_rejected=_zero_count(),
-            num_jacobian_evals=_zero_count(),
-            num_lu_factorisations=_zero_count(),
-            num_fn_evals=_zero_count(),
+            counts=jnp.zeros((7,), jnp.int32),
             status=Status.where(all_finite(y0), Status.successful, Status.nonfinite_y0),
         )
         return state, 1 + evals
@@ -284,8 +285,9 @@ class Loop(eqx.Module):
         return outputs
 
 
-def _zero_count() -> IntScalar:
-    return jnp.zeros((), jnp.int32)
+def _stack_counts(*increments) -> Int[Array, "7"]:
+    """The increments of `LoopState.counts`, in the order of its properties."""
+    return jnp.stack([jnp.asarray(x).astype(jnp.int32) for x in increments])
 
 
 def _horner(coeffs: Array, theta: Array) -> Array:

@@ -76,7 +76,7 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
         table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
         packed = loop.packed(params, init)
-        snaps = _tree.update(_tree.stack_zeros(packed, c), packed, 0)
+        snaps = _tree.update(snapshot_slots(packed, c), packed, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
     else:
         snaps = pos = None
@@ -110,7 +110,7 @@ def _split(table, length, free):
     free = jnp.clip(free, 2, table.shape[0] - 1)
     length = jnp.maximum(length, 2)
     row, row_below = table[free], table[free - 1]
-    r = jnp.sum(row < length).astype(_INT)
+    r = jnp.sum(row < length, dtype=_INT)
     return jnp.minimum(row[r - 1], length - row_below[r - 1])
 
 
@@ -219,10 +219,17 @@ def reverse_body(
     return body
 
 
+def snapshot_slots(packed, c: int):
+    """Zeroed snapshot slots for `c` states shaped like `packed`, and one more that `_store`
+    writes when it has nothing to store."""
+    return _tree.stack_zeros(packed, c + 1)
+
+
 def _store(stack, pred, i, value):
-    """`stack[i] = value` where `pred` holds (unbatched); in place, with no conditional."""
-    i = jnp.where(pred, i, 0)
-    return _tree.update(stack, _tree.where(pred, value, _tree.index(stack, i)), i)
+    """`stack[i] = value` where `pred` holds (unbatched), else into the stack's last slot, which
+    holds nothing: in place, with no conditional and no read (one kernel per leaf)."""
+    last = jax.tree.leaves(stack)[0].shape[0] - 1
+    return _tree.update(stack, value, jnp.where(pred, i, last))
 
 
 def _combine(a, b):
