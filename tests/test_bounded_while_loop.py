@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
+from odeckpt.checkpointing._vmap import lane_running
 from odeckpt.checkpointing.schedules import online_schedule, simulate
 
 _COUNT = [0]
@@ -118,6 +119,35 @@ def test_vmap_lockstep_matches_per_lane():
         for lane, y0 in enumerate(y0s):
             ref = _grad(lambda *a: _reference(*a, 40), args[0], y0, args[2])
             _assert_close(jax.tree.map(lambda x, lane=lane: x[lane], got), ref)
+
+
+def test_lane_running():
+    """Outside `vmap` a step is always real (the constant `True`); wherever a `vmap` batches the
+    predicate, nested ones included, the predicate itself."""
+    assert bool(lane_running(jnp.array(False)))
+    preds = jnp.array([True, False])
+    assert jax.vmap(lane_running)(preds).tolist() == [True, False]
+    inner = jax.vmap(lambda p, x: lane_running(p) & (x == x), in_axes=(None, 0))
+    nested = jax.vmap(inner, in_axes=(0, None))(preds, jnp.zeros(3))
+    assert nested.tolist() == [[True] * 3, [False] * 3]
+
+
+def test_nested_vmap_with_the_predicate_batched_by_the_outer_one():
+    """The inner `vmap` leaves the predicate unbatched, the outer one batches it: lanes that
+    finish early keep their values while the others step on."""
+
+    def run(start, scale):
+        cond = lambda v: v[0] < 3.0
+        body = lambda v: (v[0] + 1.0, v[1] * scale)
+        return bounded_while_loop(cond, body, (start, 1.0), max_steps=10, checkpoints=2)[1]
+
+    starts, scales = jnp.array([0.0, 2.0]), jnp.array([1.5, 2.0, 3.0])
+    nested = jax.vmap(jax.vmap(run, in_axes=(None, 0)), in_axes=(0, None))(starts, scales)
+    expected = [[float(s) ** 3 for s in scales], [float(s) for s in scales]]
+    np.testing.assert_allclose(nested, expected)
+    grads = jax.vmap(jax.vmap(jax.grad(run, argnums=1), in_axes=(None, 0)), in_axes=(0, None))
+    expected = [[3 * float(s) ** 2 for s in scales], [1.0] * 3]
+    np.testing.assert_allclose(grads(starts, scales), expected)
 
 
 def _count(fn, *args):

@@ -33,3 +33,23 @@ def _any_lane_vmap(axis_size, in_batched, pred):
     if batched:
         pred = any_lane(jnp.any(pred, axis=0))
     return pred, False
+
+
+@custom_vmap
+def lane_running(pred: jax.Array) -> jax.Array:
+    """Whether a step taken inside a loop that runs while `any_lane(pred)` is a real step for
+    this lane: `True` (a constant XLA folds away) outside `vmap`, where the loop only steps
+    while `pred` holds; under `vmap`, `pred` itself, for the lanes that finished and step in
+    lockstep with the others. The engine replays only steps that ran forward, so the same
+    holds for its recomputations."""
+    return jnp.ones_like(pred)
+
+
+@lane_running.def_vmap
+def _lane_running_vmap(axis_size, in_batched, pred):
+    del axis_size
+    (batched,) = in_batched
+    if batched:
+        return pred, True
+    # Called again, so that an enclosing `vmap` that batches `pred` gets it back.
+    return lane_running(pred), False

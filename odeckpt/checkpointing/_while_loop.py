@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 from . import _host, _tree
 from ._custom import convert, run
 from ._loop import Loop
+from ._vmap import lane_running
 from .schedules import Plan, plan
 
 _WRITE_FIX = (
@@ -143,7 +144,7 @@ def _loop(cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_dec
 
     def step(params, val, x, i, recorded=None):
         del x, i
-        active = cond(params, val)
+        active = lane_running(cond(params, val))
         if recorded is None:
             out = eqx.combine(params["body"], body_s)(val)
         else:
