@@ -138,13 +138,12 @@ def grid_solve(u0, args, solver: str):
 
 
 def snapshot_shapes(compiled_text: str, n: int) -> dict[str, bool]:
-    """Whether the compiled gradient holds the `[slots, rows, n]` snapshot buffer per device
-    (`rows = n / devices`), and whether it holds any full `[slots, n, n]` one. The engine keeps
-    `checkpoints` slots and one that its skipped stores write to."""
-    rows, slots = n // jax.device_count(), CHECKPOINTS + 1
+    """Whether the compiled gradient holds the `[checkpoints, rows, n]` snapshot buffer per
+    device (`rows = n / devices`), and whether it holds any full `[checkpoints, n, n]` one."""
+    rows = n // jax.device_count()
     return {
-        "per_device_snapshots": f"f64[{slots},{rows},{n}]" in compiled_text,
-        "full_snapshots": f"f64[{slots},{n},{n}]" in compiled_text,
+        "per_device_snapshots": f"f64[{CHECKPOINTS},{rows},{n}]" in compiled_text,
+        "full_snapshots": f"f64[{CHECKPOINTS},{n},{n}]" in compiled_text,
     }
 
 

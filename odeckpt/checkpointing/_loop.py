@@ -76,7 +76,7 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         # position i is decided one step later, at iteration i + 1 (see `Schedule`)
         table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
         packed = loop.packed(params, init)
-        snaps = _tree.update(snapshot_slots(packed, c), packed, 0)
+        snaps = _tree.update(_tree.stack_zeros(packed, c), packed, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
     else:
         snaps = pos = None
@@ -219,17 +219,11 @@ def reverse_body(
     return body
 
 
-def snapshot_slots(packed, c: int):
-    """Zeroed snapshot slots for `c` states shaped like `packed`, and one more that `_store`
-    writes when it has nothing to store."""
-    return _tree.stack_zeros(packed, c + 1)
-
-
 def _store(stack, pred, i, value):
-    """`stack[i] = value` where `pred` holds (unbatched), else into the stack's last slot, which
-    holds nothing: in place, with no conditional and no read (one kernel per leaf)."""
-    last = jax.tree.leaves(stack)[0].shape[0] - 1
-    return _tree.update(stack, value, jnp.where(pred, i, last))
+    """`stack[i] = value` where `pred` holds (unbatched), else the index is out of range and
+    the write is dropped: in place, one fused write per leaf, with no conditional."""
+    i = jnp.where(pred, i, jax.tree.leaves(stack)[0].shape[0])
+    return jax.tree.map(lambda s, v: s.at[i].set(v, mode="drop"), stack, value)
 
 
 def _combine(a, b):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _host, _tree
-from ._loop import Loop, cotangent_zeros, reverse_body, snapshot_slots
+from ._loop import Loop, cotangent_zeros, reverse_body
 from ._vmap import any_lane
 
 _INT = jnp.int32
@@ -75,7 +75,7 @@ def reverse(
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     perm = jnp.arange(c, dtype=_INT)
     body = reverse_body(loop, params, xs, tape, c, segment, perm, want)
-    snaps = snapshot_slots(loop.packed(params, held), c)
+    snaps = _tree.stack_zeros(loop.packed(params, held), c)
 
     def run_segment(carry):
         end, cur, j, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
