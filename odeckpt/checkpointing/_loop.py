@@ -50,11 +50,14 @@ class Loop:
     unpack: Callable[..., Any] | None = None
     decisions: Any = None
 
-    def packed(self, params, state):
-        return state if self.pack is None else self.pack(params, state)
+    def packed(self, params, state) -> _tree.Raveled:
+        """What a snapshot of `state` holds, raveled: a few arrays, not one per leaf."""
+        return _tree.ravel(state if self.pack is None else self.pack(params, state))
 
-    def unpacked(self, params, packed):
-        return packed if self.unpack is None else self.unpack(params, packed)
+    def unpacked(self, params, packed: _tree.Raveled):
+        """The state a snapshot holds."""
+        tree = packed.unravel()
+        return tree if self.unpack is None else self.unpack(params, tree)
 
 
 def _x(xs, i):

@@ -1,8 +1,10 @@
 """Small pytree helpers shared by the loops."""
 
 import math
+from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
@@ -17,6 +19,56 @@ def is_inexact(x) -> bool:
 def split_inexact(tree):
     """`(inexact, rest)`: the floating/complex array leaves and everything else."""
     return eqx.partition(tree, is_inexact)
+
+
+_SMALL = 64
+"""Leaves of at most this many elements are raveled together; larger ones (a large state, one
+a user may have sharded) stay whole."""
+
+
+class Raveled(eqx.Module):
+    """A pytree of arrays with its small leaves raveled into one vector per dtype (`parts`),
+    and how to rebuild it.
+
+    A snapshot kept this way is a few arrays, not one per leaf: the loops store, push and
+    restore it with a few fused writes and slices, where XLA compiles one kernel per leaf.
+    """
+
+    parts: tuple[jax.Array, ...]
+    treedef: Any = eqx.field(static=True)
+    layout: tuple[tuple[tuple[int, ...], int, int | None], ...] = eqx.field(static=True)
+    """Each leaf's `(shape, part, offset)`; offset `None`: the leaf is the whole part."""
+
+    def unravel(self):
+        def leaf(shape, part, offset):
+            if offset is None:
+                return self.parts[part]
+            size = math.prod(shape)
+            return lax.slice_in_dim(self.parts[part], offset, offset + size).reshape(shape)
+
+        return jtu.tree_unflatten(self.treedef, [leaf(*entry) for entry in self.layout])
+
+
+def ravel(tree) -> Raveled:
+    """`tree` as a `Raveled`: its small leaves concatenated, one vector per dtype."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    parts, groups, layout = [], {}, []
+    for leaf in leaves:
+        shape = tuple(jnp.shape(leaf))
+        if math.prod(shape) > _SMALL:
+            layout.append((shape, len(parts), None))
+            parts.append(leaf)
+            continue
+        dtype = jnp.result_type(leaf)
+        if dtype not in groups:
+            groups[dtype] = (len(parts), [])
+            parts.append(None)
+        part, members = groups[dtype]
+        layout.append((shape, part, sum(x.size for x in members)))
+        members.append(jnp.ravel(leaf))
+    for part, members in groups.values():
+        parts[part] = members[0] if len(members) == 1 else jnp.concatenate(members)
+    return Raveled(tuple(parts), treedef, tuple(layout))
 
 
 def index(tree, i):
