@@ -107,7 +107,9 @@ def run(loop: Loop, plan: Plan | Callable[[], Plan], params, init, xs, buffers):
                 if keep
             ]
 
-        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves)
+        # The tangents of the inexact outputs have the outputs' shapes and dtypes.
+        out_avals = jtu.tree_leaves(_inexact_part(structs[1]))
+        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves, out_avals)
         return out, _float0_fill(jtu.tree_unflatten(out_def, out_t), structs[1])
 
     _run.defjvp(_run_jvp, symbolic_zeros=True)

@@ -167,7 +167,8 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
             ]
 
         lin_leaves = [t for t, keep in zip(t_leaves, linear, strict=True) if keep]
-        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves)
+        out_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in jtu.tree_leaves(out_f)]
+        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves, out_avals)
         out_t = jtu.tree_unflatten(out_def, _fill(_leaves(out_f), out_t))
         return out, _complete(out_t, out)
 

@@ -29,13 +29,16 @@ def linear_call(
     fun_t: Callable[[list, list], list],
     residuals: Sequence[jax.Array],
     linear: Sequence[jax.Array],
+    out_avals: Sequence[jax.ShapeDtypeStruct] | None = None,
 ) -> list[jax.Array]:
     """`fun(residuals, linear)`, linear in `linear`, whose transpose is `fun_t(residuals, ct)`.
 
-    Both take and return flat lists of arrays.
+    Both take and return flat lists of arrays. `out_avals`, the shapes and dtypes of `fun`'s
+    outputs, saves tracing `fun` to find them (under `jax.grad`, `fun` is never traced).
     """
     residuals, linear = list(residuals), list(linear)
-    out_avals = jax.eval_shape(fun, residuals, linear)
+    if out_avals is None:
+        out_avals = jax.eval_shape(fun, residuals, linear)
     lin_avals = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in linear]
     return linear_p.bind(
         *residuals, *linear, fun=fun, fun_t=fun_t, n_res=len(residuals),
