@@ -10,9 +10,10 @@ import jax.numpy as jnp
 
 from ._integrate import Loop, LoopState, apply_writes
 from ._types import IntScalar, Y
-from .checkpointing import bounded_while_loop, parse_memory, while_loop_plan
+from .checkpointing import bounded_while_loop, parse_memory
 from .checkpointing._cost import offload_recomputed_steps, recomputed_steps
 from .checkpointing._linear import linear_call
+from .checkpointing._while_loop import checked_plan
 from .checkpointing.schedules import offline_schedule, online_schedule, plan as plan_schedule
 
 
@@ -62,7 +63,8 @@ def _checkpointed_stats(
     """Snapshot slots and recomputed steps of `_checkpointed`'s reverse sweep after
     `num_steps` steps."""
     body, kwargs = _engine_form(loop, state, outputs, plan)
-    the_plan = while_loop_plan(loop.cond, body, state, **kwargs)
+    # `bounded_while_loop` has checked the body: plan without tracing it again.
+    the_plan = checked_plan(loop.cond, body, state, kwargs, check=False)
     if the_plan.regime == "residuals":
         return 0, jnp.zeros((), jnp.int32)
     c = the_plan.checkpoints

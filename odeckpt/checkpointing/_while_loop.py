@@ -193,23 +193,38 @@ def while_loop_plan(
 
     ```
     """
-    max_steps = _check_max_steps(max_steps)
+    kwargs = dict(
+        max_steps=max_steps, checkpoints=checkpoints, memory_budget=memory_budget,
+        outputs=outputs, online=online, snapshot=snapshot, record_decisions=record_decisions,
+        offload=offload,
+    )  # fmt: skip
+    return checked_plan(cond_fun, body_fun, init_val, kwargs, check=True)
+
+
+def checked_plan(cond_fun, body_fun, init_val, kwargs: dict, *, check: bool) -> Plan:
+    """`while_loop_plan(cond_fun, body_fun, init_val, **kwargs)`; with `check=False` the
+    functions are traced only if the plan must size the step's residuals (for a loop that
+    `bounded_while_loop` has already checked)."""
+    max_steps = _check_max_steps(kwargs["max_steps"])
+    record_decisions = kwargs.get("record_decisions", False)
+    outputs, snapshot = kwargs.get("outputs"), kwargs.get("snapshot")
     _check_record(record_decisions)
     init_val = _tree.strong(init_val)
     packed = _check_snapshot(snapshot, init_val)
-    if offload is not None:
+    budget = dict(checkpoints=kwargs.get("checkpoints"), memory_budget=kwargs.get("memory_budget"),
+                  online=kwargs.get("online", True), offload=kwargs.get("offload"))  # fmt: skip
+    if budget["offload"] is not None:
         _host.check_host_memory("while_loop_plan")
-    if _sizes_residuals(checkpoints, memory_budget, online, offload):
+    if _sizes_residuals(**budget):
         loop, params = _loop(
             cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
         )
-        return _plan(loop, params, init_val, packed, checkpoints, memory_budget, online, offload)
-    # The plan needs no trace of the step: only check what the functions return.
-    pred = jax.eval_shape(cond_fun, init_val)
-    out = jax.eval_shape(_first_body(body_fun, record_decisions), init_val)
-    _check_body(pred, out, init_val, outputs, record_decisions)
-    return plan(max_steps, _tree.nbytes(packed), None, checkpoints=checkpoints,
-                memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
+        return _plan(loop, params, init_val, packed, **budget)
+    if check:  # the plan needs no trace of the step: only check what the functions return
+        pred = jax.eval_shape(cond_fun, init_val)
+        out = jax.eval_shape(_first_body(body_fun, record_decisions), init_val)
+        _check_body(pred, out, init_val, outputs, record_decisions)
+    return plan(max_steps, _tree.nbytes(packed), None, **budget)
 
 
 def _check_snapshot(snapshot, init_val):
@@ -229,21 +244,22 @@ def _check_snapshot(snapshot, init_val):
     return packed
 
 
-def _sizes_residuals(checkpoints, memory_budget, online, offload) -> bool:
+def _sizes_residuals(*, checkpoints, memory_budget, online, offload) -> bool:
     """Whether the plan may store every step's residuals, and so must know their size."""
     return offload is None and checkpoints is None and (memory_budget is not None or not online)
 
 
-def _plan(loop, params, init_val, packed, checkpoints, memory_budget, online, offload) -> Plan:
+def _plan(loop, params, init_val, packed, **budget) -> Plan:
+    """The plan for the budget (`checkpoints`, `memory_budget`, `online`, `offload`), sizing
+    the step's residuals if it may store them."""
     residual_bytes = None
-    if _sizes_residuals(checkpoints, memory_budget, online, offload):
+    if _sizes_residuals(**budget):
         step = lambda p, v: (lambda new, _, values, __: (new, values))(*loop.step(p, v, None, None))
         residuals = jax.eval_shape(
             lambda p, v: jtu.tree_leaves(jax.vjp(step, p, v)[1]), params, init_val
         )
         residual_bytes = _tree.nbytes(residuals)
-    return plan(loop.steps, _tree.nbytes(packed), residual_bytes, checkpoints=checkpoints,
-                memory_budget=memory_budget, online=online, offload=offload)  # fmt: skip
+    return plan(loop.steps, _tree.nbytes(packed), residual_bytes, **budget)
 
 
 def bounded_while_loop(
@@ -343,8 +359,9 @@ def bounded_while_loop(
     loop, params = _loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    the_plan = lambda: _plan(
-        loop, params, init_val, packed, checkpoints, memory_budget, online, offload
+    budget = dict(
+        checkpoints=checkpoints, memory_budget=memory_budget, online=online, offload=offload
     )
+    the_plan = lambda: _plan(loop, params, init_val, packed, **budget)
     val, buffers = run(loop, the_plan, params, init_val, None, outputs)
     return val if outputs is None else (val, buffers)
