@@ -207,9 +207,12 @@ def reverse_body(
         restore = lambda: loop.unpacked(params, _tree.index(snaps, perm[k - 1]))
         held = lax.cond(cur < 0, restore, lambda: held)
         cur = jnp.where(cur < 0, stack[k - 1], cur)
-        inner = (cur, k, stack, held, snaps)
-        inner = lax.while_loop(lambda inner: inner[0] < end - 1, partial(advance, end), inner)
-        _, k, stack, held, snaps = inner
+        if table is not None:
+            # With a slot for every step, the snapshot restored is the state before step
+            # `end - 1`: no advance, and no copy of the step compiled for one.
+            inner = (cur, k, stack, held, snaps)
+            inner = lax.while_loop(lambda inner: inner[0] < end - 1, partial(advance, end), inner)
+            _, k, stack, held, snaps = inner
         ct_state, ct_params, ct_x, idx = vjp_step(end - 1, held, ct_state, ct_params, ct_buffers)
         ct_buffers = _tree.clear(ct_buffers, idx)
         if ct_xs is not None:
