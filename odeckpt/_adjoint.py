@@ -71,6 +71,10 @@ def _checkpointed_stats(
     if the_plan.offload is not None:
         slots = c + the_plan.host_checkpoints
         return slots, offload_recomputed_steps(the_plan.segment, c, num_steps)
+    if the_plan.regime == "states":
+        # A slot for every step: the sweep recomputes nothing (and a table of binomials for
+        # `max_steps` slots would cost seconds to trace and compile).
+        return c, jnp.zeros((), jnp.int32)
     schedule = (online_schedule if the_plan.online else offline_schedule)(the_plan.steps, c)
     return c, recomputed_steps(schedule, num_steps)
 
