@@ -192,7 +192,8 @@ class RecursiveCheckpointAdjoint(AbstractAdjoint):
             parse_memory(self.memory_budget)
 
     def run(self, loop, state, outputs):
-        return _checkpointed(loop, state, outputs, **self._plan(loop))
+        final, outputs = _checkpointed(loop, state, outputs, **self._plan(loop))
+        return span_derivative(loop, state, final), outputs
 
     def gradient_stats(self, loop, state, outputs, num_steps):
         return _checkpointed_stats(loop, state, outputs, num_steps, **self._plan(loop))
@@ -227,7 +228,8 @@ class DirectAdjoint(AbstractAdjoint):
     """
 
     def run(self, loop, state, outputs):
-        return _checkpointed(loop, state, outputs, **self._plan(loop))
+        final, outputs = _checkpointed(loop, state, outputs, **self._plan(loop))
+        return span_derivative(loop, state, final), outputs
 
     def gradient_stats(self, loop, state, outputs, num_steps):
         return _checkpointed_stats(loop, state, outputs, num_steps, **self._plan(loop))
@@ -255,12 +257,29 @@ class ForwardMode(AbstractAdjoint):
     def run(self, loop, state, outputs):
         # The results pass through an identity whose transpose raises, so that `jax.grad`
         # fails with a message naming the adjoints that support reverse mode.
-        leaves, treedef = jax.tree.flatten(_while_loop(loop, state, outputs))
+        final, outputs = _while_loop(loop, state, outputs)
+        leaves, treedef = jax.tree.flatten((span_derivative(loop, state, final), outputs))
         inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
         guarded = linear_call(lambda _, x: x, _no_reverse_mode, [], [leaves[i] for i in inexact])
         for i, x in zip(inexact, guarded, strict=True):
             leaves[i] = x
         return jax.tree.unflatten(treedef, leaves)
+
+
+def span_derivative(loop: Loop, init: LoopState, final: LoopState) -> LoopState:
+    """`final`, given the derivatives in `t0` and `t_end` of the exact solution when the loop
+    took no step (`t0 = t_end`): the discrete solution `y0` depends on neither, the exact one
+    `y0 + (t_end - t0) f(t0, y0)` on both. The term added is zero."""
+    span = loop.t_end - init.t
+    span = span - jax.lax.stop_gradient(span)
+    f0 = loop.stepper.derivative(init.stepper_state)
+    none = final.num_steps == 0
+
+    def leaf(y, f):
+        f = jnp.where(jnp.isfinite(f), f, 0)  # a non-finite f0 has failed the solve already
+        return jnp.where(none, y + span.astype(y.dtype) * f, y)
+
+    return dataclasses.replace(final, y=jax.tree.map(leaf, final.y, f0))
 
 
 def _while_loop(loop: Loop, state: LoopState, outputs: tuple[Y, ...]):

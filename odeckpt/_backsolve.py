@@ -24,6 +24,7 @@ from ._backsolve_ode import (
 from ._controllers import AbstractController, PIDController
 from ._integrate import Loop, LoopState, apply_writes
 from ._saveat import SaveAt
+from ._status import Status
 from ._steppers._base import AbstractStepper
 from ._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
 from ._steppers._rosenbrock import AbstractRosenbrock
@@ -383,7 +384,13 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, adjoint: BacksolveAdjoint):
         )
     if adjoint.on_backward is not None:
         _report(adjoint.on_backward, stats)
-    a, g = eqx.error_if((a, g), ~stats.succeeded, _BACKWARD_FAILED)
+    # A failed forward solve has NaN derivatives already (and raised, with `throw`): its
+    # backward solve fails too, and says nothing more.
+    forward_ok = loop.final_status(final) == Status.successful
+    if loop.throw:
+        a, g = eqx.error_if((a, g), forward_ok & ~stats.succeeded, _BACKWARD_FAILED)
+    failed = ~(forward_ok & stats.succeeded)
+    a, g = jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), (a, g))
 
     ct_t0 = None
     if p_state.t:

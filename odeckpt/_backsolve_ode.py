@@ -65,6 +65,9 @@ class Seminorm(AbstractStepper):
     def init(self, f, t0, y0, args):
         return self.inner.init(f, t0, y0, args)
 
+    def derivative(self, state):
+        return self.inner.derivative(state)
+
     def step(self, f, t0, t1, y0, args, state) -> Step:
         step = self.inner.step(f, t0, t1, y0, args, state)
         if step.y_error is None:
@@ -241,7 +244,8 @@ def _segment(stepper, controller, field, args, s0, s1, z, dt, max_steps):
     )
     start, _ = piece.init_state(s0, z, dt)
     done, _ = ForwardMode().run(piece, start, ())
-    ok = (done.status == Status.successful) & (done.t >= s1)
+    # An empty segment (an event at the time reached) evaluates nothing: it cannot fail.
+    ok = (s0 >= s1) | ((done.status == Status.successful) & (done.t >= s1))
     # A segment shorter than `dt` says little about the step size beyond it.
     one_step = (done.num_steps == 1) & (done.num_accepted == 1)
     dt = jnp.where(done.num_steps == 0, dt, jnp.where(one_step, jnp.maximum(dt, done.dt), done.dt))

@@ -5,6 +5,7 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 
 import abc
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
@@ -15,7 +16,17 @@ from ._types import Args, BoolScalar, Scalar, VectorField, Y
 
 
 class Decision(eqx.Module):
-    """A controller's verdict on an attempted step."""
+    """A controller's verdict on an attempted step.
+
+    **Fields:**
+
+    - `accept`: whether the step is accepted.
+    - `next_dt`: the step size to take next (positive).
+    - `state`: the controller state to carry.
+    - `underflow`: `next_dt` fell below the smallest step size (or is NaN): the solve cannot go
+        on.
+    - `finite`: the error estimate was finite (a NaN or inf error is never accepted).
+    """
 
     accept: BoolScalar
     next_dt: Scalar
@@ -75,9 +86,10 @@ class AbstractController(eqx.Module):
 
     @abc.abstractmethod
     def reject(self, t0: Scalar, t1: Scalar, dt: Scalar, state: Y) -> Decision:
-        """The verdict on a step the stepper could not complete (an implicit stepper's Newton
-        iteration failed): rejected, with a shorter step to retry if this controller can shorten
-        it (`underflow` if it cannot)."""
+        """The verdict on a step that could not be completed (an implicit stepper's Newton
+        iteration failed, or a stage, the error estimate or the new state is NaN or inf):
+        rejected, with a shorter step to retry if this controller can shorten it (`underflow`
+        if it cannot)."""
 
 
 class ConstantStep(AbstractController):
@@ -104,14 +116,15 @@ class ConstantStep(AbstractController):
         return dt0, None, 0
 
     def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
-        del t0, t1, y0, y_error, stepper, clipped
-        finite = all_finite(y1)
+        # Every finite step is accepted; the loop rejects a non-finite one (see `reject`).
+        del t0, t1, y0, y1, y_error, stepper, clipped
+        true = jnp.array(True)
         return Decision(
-            accept=finite if accept is None else accept,
+            accept=true if accept is None else accept,
             next_dt=dt,
             state=state,
-            underflow=jnp.logical_not(finite),
-            finite=finite,
+            underflow=~true,
+            finite=true,
         )
 
     def reject(self, t0, t1, dt, state):
@@ -257,7 +270,7 @@ class PIDController(AbstractController):
             accept=accept,
             next_dt=next_dt,
             state=state,
-            underflow=next_dt < self._dtmin(t0, t1),
+            underflow=~(next_dt >= self._dtmin(t0, t1)),
             finite=finite,
         )
 
@@ -270,7 +283,7 @@ class PIDController(AbstractController):
             accept=~true,
             next_dt=next_dt,
             state=state,
-            underflow=next_dt < self._dtmin(t0, t1),
+            underflow=~(next_dt >= self._dtmin(t0, t1)),
             finite=true,
         )
 
@@ -286,14 +299,17 @@ class PIDController(AbstractController):
 
 
 def _rms(y: Y, scale: Y) -> Scalar:
+    """The root mean square of `y / scale` over every component; NaN if any is NaN."""
     squares = jax.tree.leaves(jax.tree.map(lambda a, s: jnp.sum(jnp.abs(a / s) ** 2), y, scale))
     size = sum(leaf.size for leaf in jax.tree.leaves(y))
     mean = sum(squares) / size
     # sqrt has an infinite derivative at 0 (a zero error, or a masked zero-length step under
-    # vmap); keep it out of the gradient so that it cannot turn into NaN.
+    # vmap); keep it out of the gradient so that it cannot turn into NaN. A NaN mean stays NaN.
     positive = mean > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, mean, 1)), 0)
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, mean, 1)), mean)
 
 
 def all_finite(y: Y) -> BoolScalar:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]))
+    """Whether every component of every leaf of `y` is finite (neither NaN nor inf)."""
+    checks = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]
+    return functools.reduce(jnp.logical_and, checks, jnp.array(True))

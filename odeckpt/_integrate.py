@@ -16,16 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ._controllers import AbstractController, all_finite
+from ._controllers import AbstractController, Decision, all_finite
 from ._progress import ProgressMeter
 from ._saveat import SaveAt
 from ._status import Status
-from ._steppers._base import AbstractStepper
+from ._steppers._base import AbstractStepper, Step
 from ._types import Args, IntScalar, Scalar, VectorField, Y
 
 MAX_SAVES_PER_STEP = 16
-"""Save times interpolated per step at most; a step is shortened to hit the last of them.
-At most 31: `StepRecord` keeps the count in 5 bits."""
+"""Distinct save times interpolated per step at most; a step is shortened to hit the last of
+them."""
 
 
 def saves_per_step(stepper: AbstractStepper) -> int:
@@ -68,40 +68,36 @@ class LoopState(eqx.Module):
 
 class StepRecord(eqx.Module):
     """The discrete decisions of one attempted step (see `Loop.step`). The checkpointing
-    engine keeps `max_steps` of them, so the verdict, the clipping and the save count share one
-    byte: bits 0-1 the verdict, bit 2 `clipped`, bits 3-7 `saved` (at most
-    `MAX_SAVES_PER_STEP`)."""
+    engine keeps `max_steps` of them, so the verdict and the clipping share one byte: bits 0-1
+    the verdict, bit 2 `clipped`."""
 
-    accepted: ClassVar[int] = 1
     rejected: ClassVar[int] = 0
+    accepted: ClassVar[int] = 1
     newton_failed: ClassVar[int] = 2
+    nonfinite: ClassVar[int] = 3
 
     code: Array
-    """`uint8`: `verdict + 4 * clipped + 8 * saved`."""
+    """`uint8`: `verdict + 4 * clipped`."""
     next_dt: Scalar
     """The step size proposed for the next step. Step sizes are not differentiated, and an
     error estimate at its rounding-noise floor (Rodas5 at tight tolerances) can propose
     visibly different ones when the recomputation rounds differently."""
 
     @classmethod
-    def make(cls, verdict: Array, clipped: Array, saved: IntScalar, next_dt: Scalar):
-        code = verdict.astype(jnp.uint8) + 4 * clipped.astype(jnp.uint8)
-        return cls(code + 8 * saved.astype(jnp.uint8), next_dt)
+    def make(cls, verdict: Array, clipped: Array, next_dt: Scalar):
+        return cls(verdict.astype(jnp.uint8) + 4 * clipped.astype(jnp.uint8), next_dt)
 
     @property
     def verdict(self) -> Array:
-        """`accepted`, `rejected` (error too large) or `newton_failed`."""
+        """`accepted`, `rejected` (error too large), `newton_failed` (an implicit stage did not
+        converge) or `nonfinite` (a stage, the error estimate or the new state is NaN or
+        inf)."""
         return self.code & 3
 
     @property
     def clipped(self) -> Array:
         """Whether the step was shortened to land on the end of the span or a save time."""
         return (self.code & 4) != 0
-
-    @property
-    def saved(self) -> IntScalar:
-        """How many save times it interpolated."""
-        return (self.code >> 3).astype(jnp.int32)
 
 
 class Loop(eqx.Module):
@@ -119,9 +115,17 @@ class Loop(eqx.Module):
     num_steps: int | None = eqx.field(default=None, static=True)
     """The number of steps, when known before the solve (constant steps over a concrete span):
     lets a checkpointing adjoint use the offline optimal schedule."""
+    throw: bool = eqx.field(default=True, static=True)
+    """Whether a failure raises (`solve(throw=...)`), in the backward pass too."""
 
     def cond(self, state: LoopState) -> Array:
         return (state.t < self.t_end) & (state.status == Status.successful)
+
+    def final_status(self, state: LoopState) -> Status:
+        """How a run that ended in `state` went: `max_steps_reached` if it stopped before
+        `t_end` without failing, else the state's status."""
+        short = (state.status == Status.successful) & (state.t < self.t_end)
+        return Status.where(short, Status.max_steps_reached, state.status)
 
     def body(self, state: LoopState) -> tuple[LoopState, Writes]:
         new, writes, _ = self.step(state)
@@ -143,29 +147,18 @@ class Loop(eqx.Module):
             state.controller_state, clipped=clipped,
             accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
         )  # fmt: skip
-        newton_failed = None
-        if step.failed is not None:
-            # The stepper could not complete the step (Newton did not converge): reject it and
-            # retry shorter, whatever its (meaningless) error estimate says.
-            newton_failed = step.failed
-            if recorded is not None:
-                newton_failed = recorded.verdict == StepRecord.newton_failed
-            retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
-            decision = jax.tree.map(lambda a, b: jnp.where(newton_failed, a, b), retry, decision)
+        verdict = self._verdict(step, decision) if recorded is None else recorded.verdict
+        # A step that could not be completed (Newton did not converge, or something in it is
+        # NaN or inf) is rejected and retried shorter, whatever its error estimate says.
+        incomplete = verdict >= StepRecord.newton_failed
+        retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
+        decision = jax.tree.map(lambda a, b: jnp.where(incomplete, a, b), retry, decision)
         accept = decision.accept
         next_dt = decision.next_dt if recorded is None else recorded.next_dt
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
-        failed = decision.underflow & ~accept
-        status = Status.where(
-            failed,
-            Status.where(decision.finite, Status.dt_underflow, Status.nonfinite),
-            state.status,
-        )
-        if newton_failed is not None:
-            status = Status.where(failed & newton_failed, Status.newton_failed, status)
+        status = Status.where(decision.underflow & ~accept, _failure(verdict), state.status)
         on_reject = state.stepper_state if step.state_on_reject is None else step.state_on_reject
-        saved = None if recorded is None else recorded.saved
-        save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept, saved)
+        save_index, save_writes = self._save_writes(state, t1, step.y1, step.dense, accept)
         fn_evals = step.num_fn_evals
         fn_evals = self.stepper.fn_evals_per_step if fn_evals is None else fn_evals
         num_saved = save_index - state.save_index
@@ -191,11 +184,17 @@ class Loop(eqx.Module):
             writes += ((step_index, one_row((t1, step.y1))),)
         if self.saveat.dense:
             writes += ((step_index, one_row((t1, step.dense))),)
-        verdict = jnp.where(accept, StepRecord.accepted, StepRecord.rejected)
-        if newton_failed is not None:
-            verdict = jnp.where(newton_failed, StepRecord.newton_failed, verdict)
-        made = StepRecord.make(verdict, clipped, num_saved, next_dt)
-        return new, writes, made
+        return new, writes, StepRecord.make(verdict, clipped, next_dt)
+
+    def _verdict(self, step: Step, decision: Decision) -> Array:
+        """The `StepRecord` verdict on an attempted step: `nonfinite` if its error estimate, its
+        new state or the derivative there (`f(t1, y1)`, the next step's first stage) is NaN or
+        inf, which a NaN or inf in any stage makes them."""
+        finite = decision.finite & all_finite((step.y1, self.stepper.derivative(step.state)))
+        verdict = jnp.where(decision.accept, StepRecord.accepted, StepRecord.rejected)
+        if step.failed is not None:
+            verdict = jnp.where(step.failed, StepRecord.newton_failed, verdict)
+        return jnp.where(finite, verdict, StepRecord.nonfinite)
 
     def _stop(self, state: LoopState) -> Scalar:
         """The next time a step must land on: the end of the span, or the last save time that
@@ -219,19 +218,18 @@ class Loop(eqx.Module):
         return jnp.where(clipped, stop, t1), clipped
 
     def _save_writes(
-        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array, saved: Array | None
+        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array
     ) -> tuple[IntScalar, Writes]:
-        """The save times this step interpolates (`saved` of them, if given), as rows."""
+        """The save times this step interpolates, as rows. (`_stop` makes the step end at or
+        before the last save time that the rows can hold, and save times are distinct, see
+        `distinct_save_times`.)"""
         if self.ts is None:
             return state.save_index, ()
         num_ts = self.ts.shape[0]
         k = min(num_ts, saves_per_step(self.stepper))
         index = state.save_index + jnp.arange(k)
         t_save = self.ts[jnp.minimum(index, num_ts - 1)]
-        if saved is None:
-            valid = accept & (index < num_ts) & (t_save <= t1)
-        else:
-            valid = jnp.arange(k) < saved
+        valid = accept & (index < num_ts) & (t_save <= t1)
         # A zero-length step (a lane that finished, stepped in lockstep under vmap) must not
         # make 0/0, whose NaN would leak into gradients through the masking.
         h = t1 - state.t
@@ -243,31 +241,40 @@ class Loop(eqx.Module):
         return state.save_index + jnp.sum(valid, dtype=jnp.int32), ((index, values),)
 
     def init_state(self, t0: Scalar, y0: Y, dt0: Scalar | None) -> tuple[LoopState, int]:
-        """The initial loop state, and the vector-field evaluations spent making it."""
+        """The initial loop state, and the vector-field evaluations spent making it. A solve
+        that starts from a non-finite `y0` or `f(t0, y0, args)` fails before its first step."""
         stepper_state = self.stepper.init(self.f, t0, y0, self.args)
         f0 = self.stepper.derivative(stepper_state)
         dt, controller_state, evals = self.controller.init(
             self.f, t0, y0, f0, self.args, self.stepper, dt0
         )
+        counts = jnp.zeros((7,), jnp.int32)
+        if self.ts is not None:
+            # Save times at t0 are written by `init_outputs`, not by a step.
+            counts = counts.at[0].set(jnp.sum(self.ts <= t0, dtype=jnp.int32))
+        status = Status.where(all_finite(f0), Status.successful, Status.nonfinite_f0)
         state = LoopState(
             t=t0,
             y=y0,
             dt=jnp.minimum(dt, self.t_end - t0),
             stepper_state=stepper_state,
             controller_state=controller_state,
-            counts=jnp.zeros((7,), jnp.int32),
-            status=Status.where(all_finite(y0), Status.successful, Status.nonfinite_y0),
+            counts=counts,
+            status=Status.where(all_finite(y0), status, Status.nonfinite_y0),
         )
         return state, 1 + evals
 
-    def init_outputs(self, t0: Scalar, y0: Y) -> tuple[Y, ...]:
-        """Output buffers, one group per kind of write, filled with `inf` (save times equal to
-        `t0` are filled with `y0`, so a zero-length solve still returns them)."""
+    def init_outputs(self, init: LoopState) -> tuple[Y, ...]:
+        """Output buffers, one group per kind of write, filled with `inf`. Save times at the
+        initial time `init.t` are filled with `y0` (so a zero-length solve still returns them),
+        with the derivatives in those times and in `t0` of the exact solution there."""
+        t0, y0 = init.t, init.y
         outputs = ()
         if self.ts is not None:
+            f0 = self.stepper.derivative(init.stepper_state)
             at_t0 = self.ts <= t0
-            n = self.ts.shape[0]
-            outputs += (jax.tree.map(lambda y: jnp.where(_rows(at_t0, y), y, _filled(n, y)), y0),)
+            rows = _start_rows(self.ts, t0, y0, f0)
+            outputs += (jax.tree.map(lambda r: jnp.where(_rows(at_t0, r[0]), r, jnp.inf), rows),)
         if self.saveat.steps:
             n = self.max_steps
             outputs += ((_filled(n, t0), jax.tree.map(lambda y: _filled(n, y), y0)),)
@@ -276,13 +283,29 @@ class Loop(eqx.Module):
             coeffs = jax.eval_shape(
                 lambda: self.stepper.step(self.f, t0, t0, y0, self.args, init()).dense
             )
-            outputs += (
-                (
-                    _filled(self.max_steps, t0),
-                    jax.tree.map(lambda c: jnp.zeros((self.max_steps, *c.shape), c.dtype), coeffs),
-                ),
-            )
+            # Row 0 starts as the constant `y0`, which a solve that takes no step returns.
+            rows = lambda c, y: jnp.zeros((self.max_steps, *c.shape), c.dtype).at[0, 0].set(y)
+            outputs += ((_filled(self.max_steps, t0), jax.tree.map(rows, coeffs, y0)),)
         return outputs
+
+
+def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
+    """`y0` once per save time, plus `(ts - t0) * f0` whose value is zero: its derivatives in
+    `ts` and `t0` are those of the exact solution at `ts = t0`."""
+    moved = ts - t0
+    moved = moved - jax.lax.stop_gradient(moved)
+
+    def rows(y, f):
+        f = jnp.where(jnp.isfinite(f), f, 0)  # a non-finite f0 has failed the solve already
+        return y[None] + _rows(moved.astype(y.dtype), y) * f[None]
+
+    return jax.tree.map(rows, y0, f0)
+
+
+def _failure(verdict: Array) -> Status:
+    """How the solve ends when a step with this `StepRecord` verdict cannot be shortened."""
+    status = Status.where(verdict == StepRecord.nonfinite, Status.nonfinite, Status.dt_underflow)
+    return Status.where(verdict == StepRecord.newton_failed, Status.newton_failed, status)
 
 
 def _stack_counts(*increments) -> Int[Array, "7"]:
@@ -331,8 +354,13 @@ def constant_step_count(
     `Loop._stop` and `Loop._step_end` in `dtype`; `None` past `max_steps`."""
     direction = 1 if t1 >= t0 else -1
     tau, end, dt = (np.asarray(x, dtype) for x in (direction * t0, direction * t1, abs(dt0)))
-    saves = None if ts is None else np.asarray(direction * np.asarray(ts), dtype)
-    eps, save_index = np.finfo(dtype).eps, 0
+    saves = None
+    if ts is not None:  # as `DistinctSaveTimes`: each value once, the repeats as inf at the end
+        distinct = np.unique(np.asarray(direction * np.asarray(ts), dtype))
+        saves = np.full(len(ts), np.inf, dtype)
+        saves[: len(distinct)] = distinct
+    eps = np.finfo(dtype).eps
+    save_index = 0 if saves is None else int(np.sum(saves <= tau))
     for count in range(max_steps + 1):
         if not tau < end:
             return count
@@ -347,6 +375,28 @@ def constant_step_count(
         if saves is not None:
             save_index += int(np.sum(saves[save_index : save_index + per_step] <= tau))
     return None
+
+
+class DistinctSaveTimes(eqx.Module):
+    """Save times with each value once, as the loop takes them: `ts` sorted, the repeats of a
+    value replaced by `inf` at the end (never reached), and `rows[i]`, the row of `ts` that
+    holds the `i`-th save time of the original array."""
+
+    ts: Float[Array, " n"]
+    rows: Int[Array, " n"]
+
+    @classmethod
+    def make(cls, ts: Float[Array, " n"]) -> "DistinctSaveTimes":
+        """From sorted save times `ts` (internal times: increasing)."""
+        n = ts.shape[0]
+        first = jnp.searchsorted(ts, ts, side="left") == jnp.arange(n)
+        rows = (jnp.cumsum(first) - 1).astype(jnp.int32)
+        distinct = jnp.full_like(ts, jnp.inf).at[jnp.where(first, rows, n)].set(ts, mode="drop")
+        return cls(distinct, rows)
+
+    def gather(self, ys: Y) -> Y:
+        """The saved values `ys` (one row per distinct time) as one row per original time."""
+        return jax.tree.map(lambda y: y[self.rows], ys)
 
 
 def vector_field_in_internal_time(f: VectorField, direction: Scalar | float) -> VectorField:

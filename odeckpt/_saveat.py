@@ -17,10 +17,12 @@ class SaveAt(eqx.Module):
 
     - `t0`: save the initial point.
     - `t1`: save the final point (the default when `saveat=None`).
-    - `ts`: times to save at, sorted in the direction of integration and inside the time span.
-        Values are interpolated with the stepper's continuous extension, and steps are shortened
-        so that at most 16 save times fall inside one step. Steppers whose continuous extension
-        is of lower order than their steps (Dopri8) land on every save time instead.
+    - `ts`: times to save at: finite, sorted in the direction of integration and inside the
+        time span. Values are interpolated with the stepper's continuous extension, and steps
+        are shortened so that at most 16 distinct save times fall inside one step. Steppers
+        whose continuous extension is of lower order than their steps (Dopri8, Kvaerno5) land
+        on every save time instead. A time repeated is solved once (the copies are equal);
+        times equal to `t0` hold `y0`.
     - `steps`: save the end of every accepted step.
     - `dense`: keep each step's continuous extension, so that `sol.evaluate(t)` works.
 

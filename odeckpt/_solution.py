@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from ._status import Status
@@ -68,6 +69,16 @@ class DenseOutput(eqx.Module):
     coeffs: Y
     num_accepted: IntScalar
 
+    @property
+    def t_last(self) -> Scalar:
+        """The end of the last accepted step (the start if none was taken)."""
+        last = self.num_accepted - 1
+        return jnp.where(last >= 0, self.t_ends[jnp.maximum(last, 0)], self.t_start)
+
+    def covers(self, t: Array) -> Array:
+        """Whether each (internal) time in `t` lies in the span the steps cover."""
+        return (t >= self.t_start) & (t <= self.t_last)
+
     def evaluate(self, t: Scalar) -> Y:
         last = jnp.maximum(self.num_accepted - 1, 0)
         index = jnp.minimum(jnp.searchsorted(self.t_ends, t, side="left"), last)
@@ -109,11 +120,22 @@ class Solution(eqx.Module):
 
         **Arguments:**
 
-        - `t`: a time or an array of times inside the span.
+        - `t`: a time or an array of times inside the solved span: `[t0, t1]`, or up to where
+            the solve stopped if it failed (`throw=False`).
 
         **Returns:**
 
-        A pytree like `y0`; with an array `t`, leaves get `t`'s shape as leading axes.
+        A pytree like `y0`; with an array `t`, leaves get `t`'s shape as leading axes. A time
+        outside the solved span raises a `ValueError` when `t` and the solution are known
+        (outside `jax.jit`), and evaluates to NaN when they are traced: the solution is never
+        extrapolated.
+
+        **Example:**
+
+        ```python
+        sol = odeckpt.solve(f, y0, (0.0, 2.0), saveat=odeckpt.SaveAt(dense=True))
+        sol.evaluate(jnp.linspace(0.0, 2.0, 50))  # leaves of shape (50, *leaf_of_y0.shape)
+        ```
         """
         if self.dense is None:
             raise ValueError(
@@ -122,7 +144,32 @@ class Solution(eqx.Module):
             )
         t = jnp.asarray(t, dtype=self.t0.dtype)
         direction = jnp.where(self.t1 >= self.t0, 1, -1).astype(t.dtype)
+        tau = direction * t
+        inside = self.dense.covers(tau)
+        _check_inside(inside, t, self.dense, direction)
         evaluate = self.dense.evaluate
         for _ in range(t.ndim):
             evaluate = jax.vmap(evaluate)
-        return evaluate(direction * t)
+        values = evaluate(tau)
+        return jax.tree.map(lambda y: jnp.where(_rows(inside, y, t.ndim), y, jnp.nan), values)
+
+
+def _rows(mask: Array, y: Array, ndim: int) -> Array:
+    """`mask` (of shape `y.shape[:ndim]`) reshaped to broadcast against `y`."""
+    return mask.reshape(mask.shape + (1,) * (y.ndim - ndim))
+
+
+def _check_inside(inside: Array, t: Array, dense: "DenseOutput", direction: Array) -> None:
+    """Raise if the values are known and some `t` lies outside the solved span."""
+    try:
+        known = np.asarray(inside)
+    except jax.errors.TracerArrayConversionError:
+        return
+    if not np.all(known):
+        start, end = (float(direction * x) for x in (dense.t_start, dense.t_last))
+        outside = np.asarray(t)[~known]
+        raise ValueError(
+            f"`Solution.evaluate` got time(s) {outside} outside the solved span from {start} to "
+            f"{end}; the solution is not extrapolated. Fix: evaluate inside the span (or solve "
+            "over a longer one)."
+        )

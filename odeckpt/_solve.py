@@ -10,12 +10,14 @@ from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveChec
 from ._backsolve import BacksolveAdjoint, forward_mode_error
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._integrate import (
+    DistinctSaveTimes,
     Loop,
     LoopState,
     constant_step_count,
     saves_per_step,
     vector_field_in_internal_time,
 )
+from ._on_failure import nan_derivatives_if, raise_if_failed
 from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
 from ._solution import DenseOutput, Solution, Stats
@@ -93,17 +95,15 @@ def solve(
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)
     t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
-    validate.check_tolerances(rtol, atol)
-    if not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps={max_steps!r} must be a positive int.")
+    rtol, atol = validate.tolerance("rtol", rtol), validate.tolerance("atol", atol)
+    max_steps = validate.count("max_steps", max_steps, "e.g. max_steps=4096")
+    dt0 = validate.step_size(dt0, t0, t1)
     controller = _controller(controller, stepper, dt0, rtol, atol)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
     validate.check_finite(y0)
     t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
-    if t0_value is not None and t1_value is not None and t0_value != t1_value:
-        validate.check_dt0(dt0, t0, t1)
     ts = (
         None if saveat.ts is None else validate.check_save_times(saveat.ts.astype(t0.dtype), t0, t1)
     )
@@ -158,32 +158,32 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     if direction is None:
         direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     tau0, tau_end = direction * t0, direction * t1
+    save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
     loop = Loop(
         f=vector_field_in_internal_time(f, direction),
         args=args,
         stepper=stepper,
         controller=controller,
         t_end=tau_end,
-        ts=None if ts is None else direction * ts,
+        ts=None if save_times is None else save_times.ts,
         saveat=saveat,
         max_steps=max_steps,
         progress=ProgressMeter(tau0, tau_end, ProgressBar()) if options.progress else None,
         num_steps=options.num_steps,
+        throw=options.throw,
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     init, init_evals = loop.init_state(tau0, y0, dt)
-    state, outputs = adjoint.run(loop, init, loop.init_outputs(tau0, y0))
+    state, outputs = adjoint.run(loop, init, loop.init_outputs(init))
     checkpoints, recomputed = adjoint.gradient_stats(
-        loop, init, loop.init_outputs(tau0, y0), state.num_steps
+        loop, init, loop.init_outputs(init), state.num_steps
     )
-    status = Status.where(
-        (state.status == Status.successful) & (state.t < tau_end),
-        Status.max_steps_reached,
-        state.status,
-    )
-    ts_out, ys_out, dense = _collect(loop, saveat, direction, t0, y0, ts, state, outputs)
+    status = loop.final_status(state)
+    collected = _collect(loop, saveat, direction, t0, y0, ts, save_times, state, outputs)
+    outputs = nan_derivatives_if(status != Status.successful, collected)
     if options.throw:
-        ys_out, dense = _raise_if_failed(status, (ys_out, dense))
+        outputs = raise_if_failed(status, outputs)
+    ts_out, ys_out, dense = outputs
     stats = Stats(
         num_steps=state.num_steps,
         num_accepted_steps=state.num_accepted,
@@ -197,30 +197,17 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
 
 
-def _raise_if_failed(status: Status, tree):
-    """`tree` unchanged; raises at run time (through `eqx.error_if`) if the solve failed.
-
-    The check runs on a scalar and reaches `tree` through an exact `x - 0`, instead of passing
-    `tree` through the check's `lax.cond`: XLA places a `cond` holding a host callback on one
-    device, which would gather a sharded state there (see docs/scaling.md).
-    """
-    failed = status != Status.successful
-    if not jax.tree.leaves(tree):
-        return status.error_if(tree, failed)
-    zero = status.error_if(jnp.zeros((), jnp.int8), failed)
-    return jax.tree.map(lambda x: x - zero.astype(x.dtype), tree)
-
-
 def _collect(
-    loop: Loop, saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, state: LoopState, outputs
-) -> tuple[jax.Array | None, Y | None, DenseOutput | None]:
+    loop: Loop, saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, save_times, state: LoopState,
+    outputs,
+) -> tuple[jax.Array | None, Y | None, DenseOutput | None]:  # fmt: skip
     """Assemble the saved blocks t0 | ts | steps | t1 (see `SaveAt`) and the dense output."""
     outputs = list(outputs)
     blocks = []
     if saveat.t0:
         blocks.append((t0[None], jax.tree.map(lambda y: y[None], y0)))
     if ts is not None:
-        blocks.append((ts, outputs.pop(0)))
+        blocks.append((ts, save_times.gather(outputs.pop(0))))
     if saveat.steps:
         step_ts, step_ys = outputs.pop(0)
         blocks.append((jnp.where(jnp.isfinite(step_ts), direction * step_ts, jnp.inf), step_ys))

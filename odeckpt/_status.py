@@ -39,8 +39,15 @@ class Status(eqx.Enumeration):
         "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
         "computed."
     )
+    nonfinite_f0 = (
+        "The vector field is NaN or inf at the initial point: f(t0, y0, args) is not finite. "
+        "Fix: check `args` for NaN or inf parameters, and the vector field at t0 for divisions "
+        "by zero, logarithms or square roots of non-positive values, or overflow."
+    )
     nonfinite = (
-        "The state became non-finite (NaN or inf). Fix: check the vector field for divisions by "
-        "zero or overflow near this time; with `ConstantStep`, reduce `dt0`; otherwise tighten "
-        "the tolerances or use an implicit solver."
+        "A step produced non-finite values (NaN or inf: in the vector field's values, the "
+        "error estimate or the new state) and shortening it did not avoid them. Fix: check "
+        "the vector field near this time for divisions by zero, square roots or logarithms of "
+        "negative values (a solution that crosses the edge of the field's domain) or overflow "
+        "(a solution that blows up); with `ConstantStep`, reduce `dt0`."
     )

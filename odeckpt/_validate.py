@@ -25,6 +25,13 @@ def as_state(y0: Y) -> Y:
                 f"y0 has a leaf of dtype {leaf.dtype}; ODE states must be floating or complex. "
                 "Fix: `y0 = jnp.asarray(y0, dtype=float)` (or float32 / complex64)."
             )
+        if jnp.finfo(leaf.dtype).bits < 32:
+            raise TypeError(
+                f"y0 has a leaf of dtype {leaf.dtype}, too coarse (resolution "
+                f"{jnp.finfo(leaf.dtype).eps}) for adaptive error control and for times along "
+                "the span. Fix: solve in float32 (`y0.astype(jnp.float32)`, with `f` computing "
+                "in float32) and cast the result back."
+            )
         return jnp.asarray(leaf)
 
     leaves = jax.tree.leaves(y0)
@@ -45,13 +52,38 @@ def time_span(t_span, dtype) -> tuple[Scalar, Scalar]:
         raise ValueError(
             f"t_span must be a pair (t0, t1), got {t_span!r}. Fix: pass e.g. `(0.0, 10.0)`."
         ) from None
-    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    t0, t1 = (_real_number(name, t, dtype) for name, t in (("t0", t0), ("t1", t1)))
     if t0.shape != () or t1.shape != ():
         raise ValueError(
             f"t0 and t1 must be scalars, got shapes {t0.shape} and {t1.shape}. Fix: to solve "
             "over many spans, `jax.vmap` over `solve`."
         )
-    return t0, t1
+    return _finite("t0", t0), _finite("t1", t1)
+
+
+def _real_number(name: str, value, dtype, example: str = "1.0") -> jax.Array:
+    """`value` as an array of `dtype`, raising (naming the fix) unless it holds real numbers."""
+    fix = f"Fix: pass e.g. {name}={example}."
+    if isinstance(value, bool | str):
+        raise TypeError(f"{name}={value!r} must be a real number. {fix}")
+    try:
+        kind = jnp.result_type(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} must be a real number. {fix}") from None
+    if not (jnp.issubdtype(kind, jnp.integer) or jnp.issubdtype(kind, jnp.floating)):
+        raise TypeError(f"{name} has dtype {kind}; it must be a real number. {fix}")
+    return jnp.asarray(value, dtype)
+
+
+def _finite(name: str, value: jax.Array) -> jax.Array:
+    """`value`, raising unless it is finite: now if it is known, at run time if traced."""
+    message = f"{name} is NaN or inf. Fix: check how {name} is computed."
+    known = concrete(value)
+    if known is None:
+        return eqx.error_if(value, ~jnp.all(jnp.isfinite(value)), message)
+    if not np.all(np.isfinite(known)):
+        raise ValueError(f"{message} Got {name}={known}.")
+    return value
 
 
 def check_finite(y0: Y) -> None:
@@ -90,12 +122,28 @@ def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
             )
 
 
-def check_tolerances(rtol: float, atol: float) -> None:
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not np.all(np.asarray(value) > 0):
-            raise ValueError(
-                f"{name}={value} must be positive. Fix: pass e.g. rtol=1e-6, atol=1e-8."
-            )
+def tolerance(name: str, value) -> float:
+    """`rtol` or `atol` as a Python float, raising (naming the fix) unless it is a positive,
+    finite real number known at trace time."""
+    fix = f"Fix: pass a positive number, e.g. {name}=1e-6."
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be known when `solve` is traced, not a traced value. {fix}")
+    _real_number(name, value, float, "1e-6")
+    array = np.asarray(value)
+    if array.shape != ():
+        raise ValueError(f"{name} must be a scalar, got shape {array.shape}. {fix}")
+    number = float(array)
+    if not (np.isfinite(number) and number > 0):
+        raise ValueError(f"{name}={value} must be positive and finite. {fix}")
+    return number
+
+
+def count(name: str, value, example: str) -> int:
+    """`value` as a Python int, raising (naming the fix) unless it is a positive integer
+    (Python or NumPy; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int. Fix: {example}.")
+    return int(value)
 
 
 def concrete(x) -> np.ndarray | None:
@@ -106,43 +154,54 @@ def concrete(x) -> np.ndarray | None:
         return None
 
 
-def check_dt0(dt0, t0: Scalar, t1: Scalar) -> None:
+def step_size(dt0, t0: Scalar, t1: Scalar) -> Scalar | None:
+    """`dt0` (`None`, or a scalar of `t0`'s dtype), raising unless it is finite, non-zero and
+    points from `t0` to `t1` (any finite value when `t0 == t1`): now if the values are known,
+    at run time if traced."""
     if dt0 is None:
-        return
+        return None
+    dt0 = _real_number("dt0", dt0, t0.dtype, "0.01")
+    if dt0.shape != ():
+        raise ValueError(f"dt0 must be a scalar, got shape {dt0.shape}. Fix: pass e.g. dt0=0.01.")
+    message = (
+        "dt0 must be finite, non-zero and have the sign of t1 - t0. Fix: pass e.g. "
+        "dt0=(t1 - t0) / 100, or dt0=None to choose it automatically."
+    )
     dt, t0_value, t1_value = concrete(dt0), concrete(t0), concrete(t1)
-    if dt is None:
-        return
+    if dt is None or t0_value is None or t1_value is None:
+        span = t1 - t0
+        wrong_way = (span != 0) & (jnp.sign(dt0) != jnp.sign(span))
+        return eqx.error_if(dt0, ~jnp.isfinite(dt0) | wrong_way, message)
+    if t0_value == t1_value:
+        return dt0
     if dt == 0:
         raise ValueError("dt0=0 would never advance. Fix: pass a non-zero dt0 or dt0=None.")
-    if (
-        t0_value is not None
-        and t1_value is not None
-        and np.sign(dt) != np.sign(t1_value - t0_value)
-    ):
+    if not np.isfinite(dt):
+        raise ValueError(f"dt0={dt} is not finite. Fix: pass a finite dt0, or dt0=None.")
+    if np.sign(dt) != np.sign(t1_value - t0_value):
         raise ValueError(
             f"dt0={float(dt)} points away from t1 (t0={float(t0_value)}, t1={float(t1_value)}). "
             "Fix: give dt0 the sign of t1 - t0."
         )
+    return dt0
 
 
 def check_save_times(ts, t0: Scalar, t1: Scalar):
     """`ts`, raising (at run time if traced) unless sorted along the direction of integration and
     inside the span."""
     message = (
-        "SaveAt(ts=...) must be sorted in the direction of integration and lie within "
+        "SaveAt(ts=...) must be finite, sorted in the direction of integration and lie within "
         "[t0, t1]. Fix: e.g. `ts = jnp.linspace(t0, t1, n)`."
     )
     values, t0_value, t1_value = concrete(ts), concrete(t0), concrete(t1)
     if values is not None and t0_value is not None and t1_value is not None:
         lo, hi = min(t0_value, t1_value), max(t0_value, t1_value)
         order = np.diff(values) * (1 if t1_value >= t0_value else -1)
-        if np.any(order < 0) or np.any(values < lo) or np.any(values > hi):
+        inside = (values >= lo) & (values <= hi)  # False for NaN
+        if np.any(order < 0) or not np.all(inside):
             raise ValueError(message + f" Got ts={values} for t_span=({t0_value}, {t1_value}).")
         return ts
     direction = jnp.where(t1 >= t0, 1, -1)
-    bad = (
-        jnp.any(jnp.diff(ts) * direction < 0)
-        | jnp.any(ts < jnp.minimum(t0, t1))
-        | jnp.any(ts > jnp.maximum(t0, t1))
-    )
+    inside = (ts >= jnp.minimum(t0, t1)) & (ts <= jnp.maximum(t0, t1))
+    bad = jnp.any(jnp.diff(ts) * direction < 0) | ~jnp.all(inside)
     return eqx.error_if(ts, bad, message)
