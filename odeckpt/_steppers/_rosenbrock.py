@@ -116,7 +116,7 @@ class AbstractRosenbrock(AbstractStepper):
         us = []
         for i in range(tableau.num_stages):
             if i == 0:
-                f_i = ravel(state)
+                f_i = field.ravel(state)
             else:
                 z_i = _combine(y0_flat, 1.0, tableau.a[i, :i], us)
                 f_i = field(_stage_time(t0, t1, h, tableau.c[i]), z_i, args)
@@ -139,10 +139,6 @@ class AbstractRosenbrock(AbstractStepper):
             num_jacobian_evals=jnp.ones((), jnp.int32),
             num_lu_factorisations=jnp.ones((), jnp.int32),
         )
-
-
-def ravel(tree: Y) -> jax.Array:
-    return jax.flatten_util.ravel_pytree(tree)[0]
 
 
 _A6 = [
@@ -272,7 +268,7 @@ class Rodas5(AbstractRosenbrock):
 
     - `jac`: optional `jac(t, y, args) -> (n, n)` Jacobian of `f` with respect to the raveled
         state; `None` uses `jax.jacfwd`. It must be exact (Rosenbrock methods lose their order
-        with an approximate Jacobian).
+        with an approximate Jacobian). Complex states: as for `odeckpt.Kvaerno3`.
 
     **Example:**
 
