@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import scipy.linalg
 from problems import (
+    E5,
+    E5_REFERENCE,
     ROBERTSON,
     STIFF_REFERENCES,
     STIFF_VAN_DER_POL,
+    e5_reference,
     radau_reference,
     robertson,
     robertson_jacobian,
@@ -145,6 +148,29 @@ def test_stored_references(key):
     name, t1 = key
     problem = ROBERTSON if name == "robertson" else STIFF_VAN_DER_POL
     np.testing.assert_allclose(STIFF_REFERENCES[key], radau_reference(problem, t1), rtol=1e-9)
+
+
+@pytest.mark.parametrize("solver", ["rodas5", "kvaerno5"])
+def test_e5_against_reference(solver):
+    # The test set's tolerances. y2 and y3 end at 80 atol, so the tolerance allows them a
+    # relative error of rtol + atol / |y| = 1.2e-2. y2 - y3 - y4 = 0 is conserved, and rounding
+    # that breaks it by d moves y2 and y3 by d / 2 each (Rodas5 stage systems solved with the
+    # Jacobian matrix alone leak d = 1e-20 and end 100x off). Measured: relative errors 1e-4
+    # and 1e-3 (Rodas5), 4e-4 and 1.3e-3 (Kvaerno5).
+    rtol, atol = 1e-6, 1.1e-24
+    sol = _solve(E5, 1e13, solver, rtol=rtol, atol=atol, throw=False)
+    assert sol.status == odeckpt.Status.successful
+    y, reference = np.asarray(sol.ys[-1]), E5_REFERENCE
+    above = np.abs(reference) > atol
+    relative = np.abs(y[above] - reference[above]) / np.abs(reference[above])
+    assert np.all(relative <= rtol + atol / np.abs(reference[above])), (y, relative)
+    assert np.all(np.abs(y[~above]) <= atol), y
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["Radau", "BDF", "LSODA"])
+def test_e5_reference(method):
+    np.testing.assert_allclose(e5_reference(1e13, method), E5_REFERENCE, rtol=1e-9, atol=1e-40)
 
 
 # A stiff linear system with a known solution: y' = A (y - g(t)) + g'(t), whose solution is
