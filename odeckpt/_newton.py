@@ -2,8 +2,9 @@
 the linear solver once per attempted step (evaluates or reuses the Jacobian, factorises), then
 `solve` uses it for every iteration of every stage.
 
-The stage equations are `z = base + hg * fn(t, z, args)` in flat coordinates (the state
-raveled into one vector). Their solution is differentiated by the implicit function theorem,
+The stage equations are `z = base + hg * fn(t, z, args)` in flat real coordinates (the state
+raveled into one vector, each complex number as its real and imaginary parts: see
+`odeckpt._real_coordinates`). Their solution is differentiated by the implicit function theorem,
 never through the iterations: the derivative of `z` is one linear solve with the exact matrix
 `I - hg df/dz` at the converged `z`, in a form JAX can transpose (`jax.lax.custom_linear_solve`
 on one LU factorisation), so that forward mode (`jax.jvp`) and reverse mode (`jax.vjp`, whose
@@ -24,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import lineax as lx
-from jax.flatten_util import ravel_pytree
 from jaxtyping import Array
 
+from ._real_coordinates import RealCoordinates
 from ._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 
 _DEFAULT_RTOL, _DEFAULT_ATOL = 1e-6, 1e-8
@@ -39,30 +40,43 @@ def no_grad(tree):
 
 
 class FlatField(eqx.Module):
-    """A vector field on pytrees as one on flat vectors: `fn(t, z, args)` with `z` the state
-    raveled by `jax.flatten_util.ravel_pytree`. `fn` is closure-converted, so arrays that `f`
-    closes over are leaves here (and get derivatives like `args`)."""
+    """A vector field on pytrees as one on flat real vectors: `fn(t, z, args)` with `z` the
+    state in its real coordinates (`RealCoordinates`: raveled, each complex number as its real
+    and imaginary parts). `fn` is closure-converted, so arrays that `f` closes over are leaves
+    here (and get derivatives like `args`)."""
 
     fn: Callable
-    unravel: Callable = eqx.field(static=True)
+    coordinates: RealCoordinates
 
     @classmethod
     def make(cls, f: VectorField, t0: Scalar, y0: Y, args: Args) -> tuple["FlatField", Array]:
         """The flat field of `f` and the flat `y0`."""
-        y0_flat, unravel = ravel_pytree(y0)
+        coordinates, y0_flat = RealCoordinates.make(y0)
 
         def fn(t, z, args):
-            return ravel_pytree(f(t, unravel(z), args))[0]
+            return coordinates.ravel(f(t, coordinates.unravel(z), args))
 
-        return cls(eqx.filter_closure_convert(fn, t0, y0_flat, args), unravel), y0_flat
+        return cls(eqx.filter_closure_convert(fn, t0, y0_flat, args), coordinates), y0_flat
 
     def __call__(self, t: Scalar, z: Array, args: Args) -> Array:
         return self.fn(t, z, args)
 
+    def ravel(self, tree: Y) -> Array:
+        """`tree`, structured like the state, in the field's coordinates."""
+        return self.coordinates.ravel(tree)
+
+    def unravel(self, z: Array) -> Y:
+        """The state whose coordinates are `z`."""
+        return self.coordinates.unravel(z)
+
 
 class Jacobian(eqx.Module):
-    """`df/dy` as an `(n, n)` matrix in flat coordinates: `jax.jacfwd` of the field, or the
-    user's `jac(t, y, args)` (which receives the state in its original structure)."""
+    """`df/dy` as an `(m, m)` matrix in real coordinates (`m` = the real state's size, or twice
+    the complex components' count plus the real ones'): `jax.jacfwd` of the field, or the
+    user's `jac(t, y, args)` (which receives the state in its original structure). For a state
+    with complex leaves the user may return either that real matrix (exact for any field) or
+    the complex `(n, n)` matrix `df_i/dy_j` over its `n` components (exact for holomorphic
+    fields)."""
 
     jac: Callable | None = eqx.field(static=True)
 
@@ -70,15 +84,20 @@ class Jacobian(eqx.Module):
         if self.jac is None:
             return jax.jacfwd(field.fn, argnums=1)(t, z, args)
         out = jnp.asarray(self.jac(t, field.unravel(z), args))
-        n = z.shape[0]
-        if out.shape != (n, n):
-            raise ValueError(
-                f"The user Jacobian `jac(t, y, args)` returned shape {out.shape}, but the state "
-                f"has {n} components, so it must return ({n}, {n}): J[i, j] = d f_i / d y_j "
-                "over the state raveled by `jax.flatten_util.ravel_pytree`. Fix: return that "
-                "matrix, or drop `jac=` to use `jax.jacfwd`."
-            )
-        return out.astype(z.dtype)
+        coordinates = field.coordinates
+        m, n = z.shape[0], coordinates.num_components
+        if out.shape == (m, m):
+            return out.astype(z.dtype)
+        if coordinates.has_complex and out.shape == (n, n):
+            return coordinates.real_matrix(out).astype(z.dtype)
+        expected = f"({n}, {n})" if m == n else f"({n}, {n}) (complex) or ({m}, {m}) (real)"
+        raise ValueError(
+            f"The user Jacobian `jac(t, y, args)` returned shape {out.shape}, but the state "
+            f"has {n} components, so it must return {expected}: J[i, j] = d f_i / d y_j "
+            "over the state raveled by `jax.flatten_util.ravel_pytree` (for the real form, "
+            "over its real coordinates: each complex number as its real part followed by its "
+            "imaginary part). Fix: return that matrix, or drop `jac=` to use `jax.jacfwd`."
+        )
 
 
 class Stage(eqx.Module):
@@ -164,11 +183,12 @@ class AbstractNewton(eqx.Module):
             atol=atol if self.atol is None else self.atol,
         )
 
-    def scale(self, y0: Array) -> Array:
-        """The weights `atol + rtol |y0|` of the norm of the Newton increments."""
+    def scale(self, coordinates: RealCoordinates, y0: Array) -> Array:
+        """The weights `atol + rtol |y0|` of the norm of the Newton increments (`|y0|` of each
+        component: a complex number's modulus for both its coordinates)."""
         rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
         atol = _DEFAULT_ATOL if self.atol is None else self.atol
-        return atol + rtol * jnp.abs(jax.lax.stop_gradient(y0))
+        return atol + rtol * coordinates.modulus(jax.lax.stop_gradient(y0))
 
     def solve(
         self,
@@ -191,7 +211,10 @@ class AbstractNewton(eqx.Module):
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
         eps = jnp.finfo(scale.dtype).eps
         eta0 = jnp.maximum(jax.lax.stop_gradient(eta0), eps) ** 0.8
-        norm = lambda d: jnp.sqrt(jnp.mean(jnp.abs(d / scale) ** 2))
+        coordinates = stage.field.coordinates
+        # Root mean square over the state's components (a complex number counts once).
+        count = coordinates.num_components
+        norm = lambda d: jnp.sqrt(jnp.sum(jnp.abs(d / scale) ** 2) / count)
 
         def cond(carry):
             _, k, _, _, _, done, diverged = carry
@@ -206,7 +229,7 @@ class AbstractNewton(eqx.Module):
             eta = jnp.where(first, eta0, theta / jnp.where(theta < 1, 1 - theta, 1.0))
             # An increment at the rounding level of z is converged, whatever the tolerance asks
             # (e.g. atol below float32 precision); its contraction rate is noise.
-            rounding = size <= norm(10 * eps * jnp.abs(z))
+            rounding = size <= norm(10 * eps * coordinates.modulus(z))
             done = (eta * size <= self.kappa) | rounding
             remaining = self.max_iters - 1 - k
             too_slow = theta**remaining / jnp.where(theta < 1, 1 - theta, 1.0) * size > self.kappa

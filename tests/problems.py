@@ -134,6 +134,62 @@ STIFF_VAN_DER_POL = dict(
     f=van_der_pol, jac=van_der_pol_jacobian, y0=np.array([2.0, 0.0]), args=1000.0
 )
 
+
+def e5(t, y, k):
+    """The E5 pyrolysis problem (Hairer & Wanner's stiff DETEST problem E5; problem E5 of the
+    Bari test set for IVP solvers): four species, rate constants `k = (A, B, CM, C)`, over
+    `[0, 1e13]`. Each flux is computed once and added to one species and subtracted from
+    another, as the test set's Fortran `feval` does, so `f` keeps the conservation law
+    `y2 - y3 - y4 = 0` in floating point. (Written out species by species, `f` breaks it by
+    rounding the fluxes, about `1e-7` while the species are `1e-10`; the leak reaches `1e-20`
+    by `t = 1e5`, and at `t = 1e13`, where `y2 = y3 ~ 9e-23`, no float64 integrator then gets
+    `y2` or `y3` within a factor 10: scipy's Radau, BDF and LSODA at `rtol=1e-12` neither.)
+    The optimization barrier keeps XLA from recomputing a shared flux inside two different
+    fused multiply-adds (openxla/xla#41579), which breaks the law the same way."""
+    a, b, cm, c = k[0], k[1], k[2], k[3]
+    prod1, prod2 = a * y[0], b * y[0] * y[2]
+    f2, f4 = prod1 - cm * y[1] * y[2], prod2 - c * y[3]
+    prod1, prod2, f2, f4 = jax.lax.optimization_barrier((prod1, prod2, f2, f4))
+    return jnp.stack([-prod1 - prod2, f2, f2 - f4, f4])
+
+
+E5 = dict(
+    f=e5, y0=np.array([1.76e-3, 0.0, 0.0, 0.0]), args=np.array([7.89e-10, 1.1e7, 1.13e9, 1.13e3])
+)
+
+
+def e5_reference(t1: float, method: str) -> np.ndarray:
+    """E5 at `t1` from `scipy.integrate.solve_ivp(method=method, rtol=1e-12, atol=1e-40)`,
+    solved with `y2 = y3 + y4` substituted: the conservation law holds exactly, so rounding
+    cannot break it (the test set's own reference, computed in extended precision, breaks it
+    by 1.3e-25 and so has `y2` and `y3` 7e-4 apart, each off by half that)."""
+    a, b, cm, c = E5["args"]
+
+    def reduced(t, u):
+        y1, y3, y4 = u
+        y2 = y3 + y4
+        return [
+            -a * y1 - b * y1 * y3,
+            a * y1 - b * y1 * y3 - cm * y2 * y3 + c * y4,
+            b * y1 * y3 - c * y4,
+        ]
+
+    def jacobian(t, u):
+        y1, y3, y4 = u
+        y2 = y3 + y4
+        return [
+            [-a - b * y3, -b * y1, 0.0],
+            [a - b * y3, -b * y1 - cm * (y2 + y3), c - cm * y3],
+            [b * y3, b * y1, -c],
+        ]
+
+    result = solve_ivp(reduced, (0.0, t1), [E5["y0"][0], 0.0, 0.0], method=method, rtol=1e-12,
+                       atol=1e-40, jac=jacobian)  # fmt: skip
+    assert result.success
+    y1, y3, y4 = result.y[:, -1]
+    return np.array([y1, y3 + y4, y3, y4])
+
+
 # `radau_reference(problem, t1)` at the published tolerances, stored because the Van der Pol
 # reference takes ~10 s; `test_implicit.py::test_stored_references` (slow) recomputes them.
 STIFF_REFERENCES = {
@@ -145,6 +201,10 @@ STIFF_REFERENCES = {
     ),
     ("van_der_pol", 3000.0): np.array([-1.5106069367441031e00, 1.1783800007309291e-03]),
 }
+# `e5_reference(1e13, method)` for method in ("Radau", "BDF", "LSODA") agree to 1e-10 in y2 and
+# y3: 8.86123352129e-23, 8.86123352209e-23, 8.86123352191e-23; y1 (about 1e-3430 exactly) and
+# y4 are far below any tolerance. `test_implicit.py::test_e5_reference` (slow) recomputes them.
+E5_REFERENCE = np.array([0.0, 8.861233522e-23, 8.861233522e-23, 0.0])
 
 
 def radau_reference(problem: dict, t1: float) -> np.ndarray:

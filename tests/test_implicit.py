@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import scipy.linalg
 from problems import (
+    E5,
+    E5_REFERENCE,
     ROBERTSON,
     STIFF_REFERENCES,
     STIFF_VAN_DER_POL,
+    e5_reference,
     radau_reference,
     robertson,
     robertson_jacobian,
@@ -45,8 +48,14 @@ NUM_STEPS = {
 }
 
 
-def slow_unless(names, fast):
-    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+def slow_unless(params, fast):
+    """`params` for `parametrize`, all but those in `fast` marked slow."""
+    return [
+        p
+        if p in fast
+        else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.slow)
+        for p in params
+    ]
 
 
 def test_registry_and_class_attributes():
@@ -139,6 +148,29 @@ def test_stored_references(key):
     name, t1 = key
     problem = ROBERTSON if name == "robertson" else STIFF_VAN_DER_POL
     np.testing.assert_allclose(STIFF_REFERENCES[key], radau_reference(problem, t1), rtol=1e-9)
+
+
+@pytest.mark.parametrize("solver", ["rodas5", "kvaerno5"])
+def test_e5_against_reference(solver):
+    # The test set's tolerances. y2 and y3 end at 80 atol, so the tolerance allows them a
+    # relative error of rtol + atol / |y| = 1.2e-2. y2 - y3 - y4 = 0 is conserved, and rounding
+    # that breaks it by d moves y2 and y3 by d / 2 each (Rodas5 stage systems solved with the
+    # Jacobian matrix alone leak d = 1e-20 and end 100x off). Measured: relative errors 1e-4
+    # and 1e-3 (Rodas5), 4e-4 and 1.3e-3 (Kvaerno5).
+    rtol, atol = 1e-6, 1.1e-24
+    sol = _solve(E5, 1e13, solver, rtol=rtol, atol=atol, throw=False)
+    assert sol.status == odeckpt.Status.successful
+    y, reference = np.asarray(sol.ys[-1]), E5_REFERENCE
+    above = np.abs(reference) > atol
+    relative = np.abs(y[above] - reference[above]) / np.abs(reference[above])
+    assert np.all(relative <= rtol + atol / np.abs(reference[above])), (y, relative)
+    assert np.all(np.abs(y[~above]) <= atol), y
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["Radau", "BDF", "LSODA"])
+def test_e5_reference(method):
+    np.testing.assert_allclose(e5_reference(1e13, method), E5_REFERENCE, rtol=1e-9, atol=1e-40)
 
 
 # A stiff linear system with a known solution: y' = A (y - g(t)) + g'(t), whose solution is
@@ -428,6 +460,216 @@ def test_float32_and_vmap():
     np.testing.assert_allclose(batch[0], jax.jit(final)(k32), rtol=1e-6)
 
 
+# ---------------------------------------------------------------------------- complex states
+
+# Eigenvalues about -1 + 2i and -50 - 3i: stiff, oscillating, and not a normal matrix.
+_A_COMPLEX = np.array([[-1.0 + 2.0j, 1.0 - 0.5j], [0.2j, -50.0 - 3.0j]])
+_Y0_COMPLEX = np.array([1.0 + 0.5j, -0.5 + 0.25j])
+# rtol and the bound on the final error, as for the real stiff linear problem above.
+_COMPLEX_TOLERANCES = {
+    "implicit_euler": (1e-4, 1e-2),
+    "trapezoid": (1e-5, 1e-3),
+    "kvaerno3": (1e-6, 1e-4),
+    "kvaerno4": (1e-7, 1e-5),
+    "kvaerno5": (1e-8, 1e-6),
+    "rodas5": (1e-8, 1e-6),
+}
+
+
+def _complex_linear(t, y, a):
+    return a @ y
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_complex_linear_system_against_matrix_exponential(name):
+    rtol, bound = _COMPLEX_TOLERANCES[name]
+    sol = odeckpt.solve(
+        _complex_linear, jnp.asarray(_Y0_COMPLEX), (0.0, 1.0), args=jnp.asarray(_A_COMPLEX),
+        solver=name, rtol=rtol, atol=rtol, max_steps=20000,
+    )  # fmt: skip
+    assert sol.ys.dtype == jnp.complex128
+    exact = scipy.linalg.expm(_A_COMPLEX) @ _Y0_COMPLEX
+    assert np.max(np.abs(np.asarray(sol.ys[-1]) - exact)) < bound
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_complex_scalar_against_closed_form_in_both_precisions(name):
+    rate = -1.0 + 2.0j
+    for dtype, rtol in ((jnp.complex64, 1e-3), (jnp.complex128, 1e-7)):
+        y0 = jnp.array([1.0 + 0.5j], dtype)
+        sol = odeckpt.solve(lambda t, y, a: rate * y, y0, (0.0, 1.0), solver=name, rtol=rtol,
+                            atol=rtol, max_steps=20000)  # fmt: skip
+        assert sol.ys.dtype == dtype
+        exact = complex(y0[0]) * np.exp(rate)
+        # Low orders take many steps; their global error is a larger multiple of rtol.
+        bound = (1e-3 if STEPPERS[name].order >= 3 else 1e-1) * (rtol / 1e-4) ** 0.5
+        assert abs(complex(sol.ys[-1, 0]) - exact) < bound * abs(exact)
+
+
+def _phase_decay(t, y, args):
+    # Not holomorphic: |y| decays as exp(-t) while the phase turns at the rate |y|^2.
+    return (-1.0 + 1j * jnp.abs(y) ** 2) * y
+
+
+def _phase_decay_exact(t, y0):
+    theta = np.angle(y0) + np.abs(y0) ** 2 * (1 - np.exp(-2 * t)) / 2
+    return np.abs(y0) * np.exp(-t) * np.exp(1j * theta)
+
+
+def _phase_decay_real_jacobian(t, y, args):
+    # d f / d (Re y, Im y) for one component: the real 2 x 2 form `jac=` accepts.
+    x, v = jnp.real(y[0]), jnp.imag(y[0])
+    r2 = x**2 + v**2
+    return jnp.array([[-1.0 - 2 * x * v, -r2 - 2 * v**2], [r2 + 2 * x**2, -1.0 + 2 * x * v]])
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [
+        odeckpt.Kvaerno5(),
+        odeckpt.Kvaerno3(newton=odeckpt.NewtonKrylov()),
+        odeckpt.Kvaerno5(jac=_phase_decay_real_jacobian),
+        odeckpt.Rodas5(jac=_phase_decay_real_jacobian),
+    ],
+    ids=["kvaerno5", "kvaerno3-krylov", "kvaerno5-jac", "rodas5-jac"],
+)
+def test_complex_non_holomorphic_field(solver):
+    y0 = np.array([0.8 + 0.6j])
+    sol = odeckpt.solve(_phase_decay, jnp.asarray(y0), (0.0, 2.0), solver=solver, rtol=1e-8,
+                        atol=1e-10)  # fmt: skip
+    np.testing.assert_allclose(sol.ys[-1], _phase_decay_exact(2.0, y0), rtol=1e-6)
+
+
+def _mixed(t, y, a):
+    # A real leaf driven by a complex one: together a real-linear system in 3 coordinates.
+    return {"x": -2.0 * y["x"] + jnp.real(y["z"][:1]), "z": a @ y["z"]}
+
+
+def _mixed_exact(t, x0, z0):
+    # The real system on (x, Re z, Im z): x' = -2 x + Re z_1 and z' = A z.
+    a = _A_COMPLEX
+    real = np.block([[np.real(a), -np.imag(a)], [np.imag(a), np.real(a)]])
+    m = np.zeros((5, 5))
+    m[0, 0], m[0, 1], m[1:, 1:] = -2.0, 1.0, real
+    out = scipy.linalg.expm(m * t) @ np.concatenate([x0, np.real(z0), np.imag(z0)])
+    return out[:1], out[1:3] + 1j * out[3:]
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [
+        odeckpt.Kvaerno5(),
+        # The complex (n, n) form of `jac=` over the components (x, z_1, z_2): exact here
+        # because the field is holomorphic in z and x couples to Re z_1 only.
+        odeckpt.Kvaerno5(jac=lambda t, y, a: jnp.block([[-2.0, 1.0, 0.0], [jnp.zeros((2, 1)), a]])),
+        odeckpt.Rodas5(),
+    ],
+    ids=["kvaerno5", "kvaerno5-complex-jac", "rodas5"],
+)
+def test_mixed_real_and_complex_leaves(solver):
+    y0 = {"x": jnp.array([0.5]), "z": jnp.asarray(_Y0_COMPLEX)}
+    sol = odeckpt.solve(_mixed, y0, (0.0, 1.0), args=jnp.asarray(_A_COMPLEX), solver=solver,
+                        rtol=1e-9, atol=1e-9)  # fmt: skip
+    assert sol.ys["x"].dtype == jnp.float64 and sol.ys["z"].dtype == jnp.complex128
+    x, z = _mixed_exact(1.0, np.array([0.5]), _Y0_COMPLEX)
+    np.testing.assert_allclose(sol.ys["x"][-1], x, rtol=1e-6)
+    np.testing.assert_allclose(sol.ys["z"][-1], z, rtol=1e-6)
+
+
+def _complex_final(y0, b, solver, adjoint):
+    # A state with a real and a complex leaf, a complex parameter `b` in a non-holomorphic
+    # term; constant steps, so finite differences see the same discrete map as the derivative.
+    def f(t, y, b):
+        z = y["z"]
+        return {
+            "x": -y["x"] + jnp.real(z[:1] * z[1:]),
+            "z": jnp.asarray(_A_COMPLEX) @ z + b * jnp.abs(z) ** 2 * z + y["x"],
+        }
+
+    return odeckpt.solve(
+        f, y0, (0.0, 1.0), args=b, solver=solver, adjoint=adjoint, rtol=1e-12, atol=1e-12,
+        controller=odeckpt.ConstantStep(), dt0=0.1,
+    ).ys  # fmt: skip
+
+
+def _complex_loss(y0, b, solver, adjoint):
+    ys = _complex_final(y0, b, solver, adjoint)
+    z = ys["z"][-1]
+    return jnp.sum(ys["x"][-1] ** 2) + jnp.sum(jnp.real(z) ** 2 - 3 * jnp.imag(z) * jnp.real(z))
+
+
+_Y0_MIXED = {"x": jnp.array([0.3]), "z": jnp.array([1.0 + 0.5j, -0.3 + 0.2j])}
+_B = jnp.array(0.4 - 0.2j)
+
+
+def _central_gradient(loss, y0, b, eps=1e-6):
+    """JAX's convention: for real `L` of `w = u + i v`, the gradient is `dL/du - i dL/dv`."""
+
+    def derivative(shift):
+        return (loss(*shift(eps)) - loss(*shift(-eps))) / (2 * eps)
+
+    def along(leaf, k, unit):
+        return lambda e: (
+            {**y0, leaf: y0[leaf].at[k].add(unit * e)} if leaf else y0,
+            b + unit * e if leaf is None else b,
+        )
+
+    grad_y0 = {"x": np.array([derivative(along("x", 0, 1.0))])}
+    grad_y0["z"] = np.array(
+        [derivative(along("z", k, 1.0)) - 1j * derivative(along("z", k, 1j)) for k in range(2)]
+    )
+    grad_b = derivative(along(None, 0, 1.0)) - 1j * derivative(along(None, 0, 1j))
+    return grad_y0, grad_b
+
+
+_GRADIENT_SOLVERS = {
+    "kvaerno5": odeckpt.Kvaerno5(),
+    "kvaerno3-krylov": odeckpt.Kvaerno3(newton=odeckpt.NewtonKrylov()),
+    "rodas5": odeckpt.Rodas5(),
+}
+_ADJOINTS = {"recursive": odeckpt.RecursiveCheckpointAdjoint(checkpoints=3),
+             "direct": odeckpt.DirectAdjoint()}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "solver, adjoint",
+    slow_unless(
+        [(s, a) for s in _GRADIENT_SOLVERS for a in _ADJOINTS], fast={("kvaerno5", "recursive")}
+    ),
+)
+def test_complex_gradients_equal_central_differences(solver, adjoint):
+    solver, adjoint = _GRADIENT_SOLVERS[solver], _ADJOINTS[adjoint]
+    loss = jax.jit(_complex_loss, static_argnums=(2, 3))
+    fd_y0, fd_b = _central_gradient(lambda y0, b: loss(y0, b, solver, adjoint), _Y0_MIXED, _B)
+    grad = jax.jit(jax.grad(_complex_loss, argnums=(0, 1)), static_argnums=(2, 3))
+    g_y0, g_b = grad(_Y0_MIXED, _B, solver, adjoint)
+    assert g_y0["z"].dtype == jnp.complex128 and g_b.dtype == jnp.complex128
+    # Central differences of a solve with a 1e-12 Newton tolerance: measured agreement 1e-9.
+    np.testing.assert_allclose(g_y0["x"], fd_y0["x"], rtol=1e-6)
+    np.testing.assert_allclose(g_y0["z"], fd_y0["z"], rtol=1e-6)
+    np.testing.assert_allclose(g_b, fd_b, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [odeckpt.Kvaerno5(), pytest.param(odeckpt.Rodas5(), marks=pytest.mark.slow)],
+    ids=["kvaerno5", "rodas5"],
+)
+def test_complex_forward_mode_equals_central_differences(solver):
+    # Real parameters (a scale of each leaf of y0 and of b) to a complex output: jacfwd.
+    def final(s):
+        y0 = {"x": _Y0_MIXED["x"] * s[0], "z": _Y0_MIXED["z"] * s[1]}
+        ys = _complex_final(y0, _B * s[2], solver, odeckpt.ForwardMode())
+        return ys["z"][-1]
+
+    s, eps = jnp.ones(3), 1e-6
+    jacobian = jax.jit(jax.jacfwd(final))(s)
+    assert jacobian.dtype == jnp.complex128
+    final = jax.jit(final)
+    columns = [(final(s + eps * e) - final(s - eps * e)) / (2 * eps) for e in jnp.eye(3)]
+    np.testing.assert_allclose(jacobian, np.stack(columns, axis=1), rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -442,3 +684,6 @@ def test_bad_configuration_raises_with_the_fix():
         odeckpt.NewtonKrylov(max_iters=0)
     with pytest.raises(ValueError, match=r"must return \(3, 3\).*Fix"):
         _solve(ROBERTSON, 1.0, odeckpt.Kvaerno5(jac=lambda t, y, k: jnp.eye(2)), 1e-6, 1e-9)
+    with pytest.raises(ValueError, match=r"must return \(1, 1\) \(complex\) or \(2, 2\).*Fix"):
+        solver = odeckpt.Kvaerno3(jac=lambda t, y, a: jnp.eye(3))
+        odeckpt.solve(lambda t, y, a: -y, jnp.array([1j]), (0.0, 1.0), solver=solver)

@@ -7,9 +7,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from .._newton import AbstractNewton, FlatField, Jacobian, NewtonKrylov, Stage
+from .._real_coordinates import RealCoordinates
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
 from ._implicit_tableau import ESDIRKTableau
@@ -68,7 +68,7 @@ class AbstractESDIRK(AbstractStepper):
         """**Returns:** the state at the initial point: `f(t0, y0, args)`, an empty cache that
         asks for a Jacobian at the first step, and `eta = 1`."""
         t0 = jnp.asarray(t0)
-        y0_flat = ravel_pytree(y0)[0]
+        _, y0_flat = RealCoordinates.make(y0)
         return ImplicitState(
             f=f(t0, y0, args),
             cache=self.newton.init_cache(y0_flat, t0),
@@ -98,12 +98,12 @@ class AbstractESDIRK(AbstractStepper):
         field, y0_flat = FlatField.make(f, t0, y0, args)
         jacobian = Jacobian(self.jac)
         prepared = self.newton.prepare(jacobian, field, t0, y0_flat, args, hg, state.cache)
-        scale = self.newton.scale(y0_flat)
+        scale = self.newton.scale(field.coordinates, y0_flat)
         # A zero-length step (a finished lane under vmap) has z = base: k = 0, never 0/0.
         safe_hg = jnp.asarray(jnp.where(hg == 0, 1, hg), y0_flat.dtype)
         dtype = y0_flat.dtype
         s = tableau.num_stages
-        ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(ravel_pytree(state.f)[0])
+        ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(field.ravel(state.f))
 
         # The implicit stages as one scan (traced once, not once per stage: compile time).
         def stage(carry, i):

@@ -145,7 +145,8 @@ class Kvaerno3(AbstractESDIRK):
     - `newton`: the Newton method of the implicit stages: `odeckpt.Newton()` (dense Jacobian,
         reused across steps; the default) or `odeckpt.NewtonKrylov()` (matrix-free).
     - `jac`: optional `jac(t, y, args) -> (n, n)` Jacobian of `f` with respect to the raveled
-        state; `None` uses `jax.jacfwd`.
+        state; `None` uses `jax.jacfwd`. For a complex state, either the complex `(n, n)` matrix
+        (holomorphic `f`) or the real one over the real and imaginary parts (any `f`).
 
     **Example:**
 
