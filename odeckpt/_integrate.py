@@ -191,6 +191,8 @@ class Loop(eqx.Module):
         new state or the derivative there (`f(t1, y1)`, the next step's first stage) is NaN or
         inf, which a NaN or inf in any stage makes them."""
         finite = decision.finite & all_finite((step.y1, self.stepper.derivative(step.state)))
+        if step.nonfinite is not None:
+            finite = finite & ~step.nonfinite
         verdict = jnp.where(decision.accept, StepRecord.accepted, StepRecord.rejected)
         if step.failed is not None:
             verdict = jnp.where(step.failed, StepRecord.newton_failed, verdict)

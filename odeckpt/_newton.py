@@ -50,16 +50,18 @@ class FlatField(eqx.Module):
 
     @classmethod
     def make(cls, f: VectorField, t0: Scalar, y0: Y, args: Args) -> tuple["FlatField", Array]:
-        """The flat field of `f` and the flat `y0`."""
+        """The flat field of `f` and the flat `y0`. The non-array leaves of `args` are closed
+        over: closure conversion compares them with `==`, which a NaN never passes."""
         coordinates, y0_flat = RealCoordinates.make(y0)
+        arrays, static = eqx.partition(args, eqx.is_array)
 
-        def fn(t, z, args):
-            return coordinates.ravel(f(t, coordinates.unravel(z), args))
+        def fn(t, z, arrays):
+            return coordinates.ravel(f(t, coordinates.unravel(z), eqx.combine(arrays, static)))
 
-        return cls(eqx.filter_closure_convert(fn, t0, y0_flat, args), coordinates), y0_flat
+        return cls(eqx.filter_closure_convert(fn, t0, y0_flat, arrays), coordinates), y0_flat
 
     def __call__(self, t: Scalar, z: Array, args: Args) -> Array:
-        return self.fn(t, z, args)
+        return self.fn(t, z, eqx.filter(args, eqx.is_array))
 
     def ravel(self, tree: Y) -> Array:
         """`tree`, structured like the state, in the field's coordinates."""
@@ -82,7 +84,7 @@ class Jacobian(eqx.Module):
 
     def __call__(self, field: FlatField, t: Scalar, z: Array, args: Args) -> Array:
         if self.jac is None:
-            return jax.jacfwd(field.fn, argnums=1)(t, z, args)
+            return jax.jacfwd(field, argnums=1)(t, z, args)
         out = jnp.asarray(self.jac(t, field.unravel(z), args))
         coordinates = field.coordinates
         m, n = z.shape[0], coordinates.num_components
@@ -123,6 +125,8 @@ class Iteration(eqx.Module):
     """Hairer and Wanner's `eta = theta / (1 - theta)`, which starts the next stage's test."""
     num_iterations: IntScalar
     """Iterations taken, each one evaluation of the vector field."""
+    nonfinite: BoolScalar
+    """The iteration stopped at a NaN or inf increment (the vector field returned one)."""
 
 
 class Prepared(eqx.Module):
@@ -239,8 +243,11 @@ class AbstractNewton(eqx.Module):
         zero = jnp.zeros((), scale.dtype)
         skip = jnp.asarray(skip)
         carry = (guess, jnp.zeros((), jnp.int32), zero, eta0, zero, jnp.zeros_like(skip), skip)
-        z, k, _, eta, rate, done, _ = jax.lax.while_loop(cond, body, carry)
-        return z, Iteration(converged=done, rate=rate, eta=eta, num_iterations=k)
+        z, k, size, eta, rate, done, _ = jax.lax.while_loop(cond, body, carry)
+        nonfinite = ~done & ~jnp.isfinite(size)
+        return z, Iteration(
+            converged=done, rate=rate, eta=eta, num_iterations=k, nonfinite=nonfinite
+        )
 
 
 @eqx.filter_custom_jvp
@@ -367,15 +374,31 @@ class Newton(AbstractNewton):
         matrix = jnp.eye(z.shape[0], dtype=z.dtype) - hg * jacobian(
             stage.field, stage.t, z, stage.args
         )
-        # `custom_linear_solve` on one LU factorisation, whose transposed solve (reverse mode)
-        # reuses the factors: lighter to trace and compile than a lineax solve.
-        factors = jsl.lu_factor(jax.lax.stop_gradient(matrix))
+        return lu_solver(matrix)(rhs)
+
+
+class LUSolver(eqx.Module):
+    """Solves with `matrix` from one LU factorisation: linear and differentiable in the
+    right-hand side and in `matrix`, and transposable, the transposed solve (reverse mode)
+    reusing the factors. Never raises: NaN or inf in, NaN or inf out. (`custom_linear_solve`
+    on `jax.scipy` factors: lighter to trace and compile than a lineax solve, whose transpose
+    raises on non-finite input.)"""
+
+    matrix: Array
+    factors: tuple[Array, Array]
+
+    def __call__(self, rhs: Array) -> Array:
         return jax.lax.custom_linear_solve(
-            lambda v: matrix @ v,
+            lambda v: self.matrix @ v,
             rhs,
-            lambda _, b: jsl.lu_solve(factors, b),
-            transpose_solve=lambda _, b: jsl.lu_solve(factors, b, trans=1),
+            lambda _, b: jsl.lu_solve(self.factors, b),
+            transpose_solve=lambda _, b: jsl.lu_solve(self.factors, b, trans=1),
         )
+
+
+def lu_solver(matrix: Array) -> LUSolver:
+    """An `LUSolver` for `matrix`, factorised once."""
+    return LUSolver(matrix, jsl.lu_factor(jax.lax.stop_gradient(matrix)))
 
 
 def _lu_factor(matrix: Array) -> tuple[Array, Array]:

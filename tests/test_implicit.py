@@ -402,16 +402,27 @@ def test_newton_failure_with_constant_steps_is_a_status_and_an_error():
         _solve(ROBERTSON, 40.0, solver, rtol=1e-8, atol=1e-12, **kwargs).ys.block_until_ready()
 
 
-def test_newton_failure_when_no_step_converges():
-    # A vector field that cannot be evaluated past t = 1: every implicit stage beyond it fails
-    # to converge, so the step halves until it underflows, and the solve reports why.
+def test_nan_stages_fail_as_nonfinite():
+    # A vector field that cannot be evaluated past t = 1: every implicit stage beyond it stops
+    # on a NaN, so the step halves until it underflows, and the solve reports why.
     def f(t, y, args):
         return jnp.where(t <= 1, -y, jnp.nan)
 
     sol = odeckpt.solve(f, jnp.array([1.0]), (0.0, 2.0), solver="kvaerno3", throw=False)
-    assert sol.status == odeckpt.Status.newton_failed
+    assert sol.status == odeckpt.Status.nonfinite
     assert sol.stats.num_rejected_steps > 10
     assert 0.9 < sol.ts[-1] <= 1.0
+
+
+def test_newton_failure_when_no_step_converges():
+    # A user Jacobian of the wrong sign sends Newton away from the stage at this step size,
+    # which `ConstantStep` cannot shrink: the solve reports the Newton failure.
+    wrong_jac = lambda t, y, args: 1e3 * jnp.eye(1)
+    solver = odeckpt.Kvaerno3(jac=wrong_jac)
+    sol = odeckpt.solve(lambda t, y, a: -1e3 * y, jnp.array([1.0]), (0.0, 1.0), solver=solver,
+                        controller=odeckpt.ConstantStep(), dt0=0.1, throw=False)  # fmt: skip
+    assert sol.status == odeckpt.Status.newton_failed
+    assert int(sol.stats.num_accepted_steps) == 0
 
 
 def _heat(t, u, args):

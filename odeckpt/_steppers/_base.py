@@ -27,6 +27,10 @@ class Step(eqx.Module):
     - `failed`: whether the step could not be computed (an implicit stepper's Newton iteration
         did not converge); `None` for steppers that cannot fail. A failed step is rejected and
         retried with a shorter step (see `AbstractController.reject`).
+    - `nonfinite`: whether the step met NaN or inf that none of `y1`, `y_error` and `state`
+        shows (an implicit stage's Newton iteration stopped on them, returning its finite
+        guess); `None` for steppers whose every value reaches those. Such a step is rejected
+        as non-finite.
     - `num_jacobian_evals`, `num_lu_factorisations`: the work of this attempt, summed into
         `Stats` (0 for explicit steppers).
     - `num_fn_evals`: the evaluations of `f` in this attempt, summed into `Stats`; `None`
@@ -40,6 +44,7 @@ class Step(eqx.Module):
     state: Y
     state_on_reject: Y | None = None
     failed: BoolScalar | None = None
+    nonfinite: BoolScalar | None = None
     num_jacobian_evals: IntScalar | int = 0
     num_lu_factorisations: IntScalar | int = 0
     num_fn_evals: IntScalar | int | None = None

@@ -107,7 +107,7 @@ class AbstractESDIRK(AbstractStepper):
 
         # The implicit stages as one scan (traced once, not once per stage: compile time).
         def stage(carry, i):
-            ks, eta, failed, rate, evals = carry
+            ks, eta, failed, nonfinite, rate, evals = carry
             hk = jnp.asarray(h, dtype) * ks
             base = y0_flat + jnp.asarray(tableau.a, dtype)[i] @ hk
             guess = base + jnp.asarray(tableau.gamma, dtype) * (
@@ -122,16 +122,18 @@ class AbstractESDIRK(AbstractStepper):
             ks = ks.at[i].set((z - base) / safe_hg)
             rate = jnp.maximum(rate, info.rate)
             evals = evals + info.num_iterations
-            return (ks, info.eta, failed | ~info.converged, rate, evals), z
+            failed, nonfinite = failed | ~info.converged, nonfinite | info.nonfinite
+            return (ks, info.eta, failed, nonfinite, rate, evals), z
 
         init = (
             ks,
             state.eta,
             jnp.array(False),
+            jnp.array(False),
             jnp.zeros_like(state.eta),
             jnp.zeros((), jnp.int32),
         )
-        (ks, eta, failed, rate, evals), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
+        (ks, eta, failed, nonfinite, rate, evals), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
         z = zs[-1]
         # The error estimate and the dense output's powers of theta as one matrix product
         # (fewer operations to trace and compile than a sum per weight).
@@ -149,6 +151,7 @@ class AbstractESDIRK(AbstractStepper):
                 f=state.f, cache=on_reject, eta=jnp.where(failed, 1.0, eta).astype(eta.dtype)
             ),
             failed=failed,
+            nonfinite=nonfinite,
             num_jacobian_evals=prepared.num_jacobian_evals,
             num_lu_factorisations=prepared.num_lu_factorisations,
             num_fn_evals=evals,

@@ -8,11 +8,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
-import lineax as lx
 import numpy as np
 from jaxtyping import Array
 
-from .._newton import FlatField, Jacobian, no_grad
+from .._newton import FlatField, Jacobian, lu_solver, no_grad
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
 from ._explicit_rk import _combine, _stage_time
@@ -173,11 +172,8 @@ def _stage_solvers(
     Numerical Algorithms*, 2nd ed. (2002), Ch. 12.
     """
     identity = jnp.eye(y0.shape[0], dtype=y0.dtype)
-    operator = lx.MatrixLinearOperator(identity - hg * jacobian)
-    solver = lx.LU()
-    factors = solver.init(operator, {})
-    solve = lambda rhs: lx.linear_solve(operator, rhs, solver, state=factors, throw=False).value
-    lu_and_pivots, field, t0, y0, args, hg = no_grad((factors[0], field, t0, y0, args, hg))
+    solve = lu_solver(identity - hg * jacobian)
+    lu_and_pivots, field, t0, y0, args, hg = no_grad((solve.factors, field, t0, y0, args, hg))
     _, jvp = jax.linearize(lambda y: field(t0, y, args), y0)
 
     def refined_solve(rhs: Array) -> Array:

@@ -1,0 +1,316 @@
+"""Fault injection: every run-time failure ends in an exception, a failed status or a NaN
+gradient, never in a successful non-finite result or a finite gradient of a failed solve.
+
+Faults (NaN, inf, -inf) are injected into the vector field after a random time, into `args` and
+into `y0`, for every stepper and every adjoint, under `jit` and `vmap` (one compiled function per
+stepper and adjoint evaluates a whole batch of faulty lanes beside a healthy one, whose gradient
+must stay exact). Save times at the ends of the span and repeated ones, zero-length spans inside
+batches and complex states are checked for every stepper against closed forms.
+
+The default run covers every stepper with one adjoint and every adjoint with several steppers;
+`pytest -m slow` runs the whole cross product.
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import odeckpt
+from odeckpt._steppers import STEPPERS
+
+STEPPER_NAMES = sorted(STEPPERS)
+REVERSE = ("direct", "recursive", "backsolve")
+ADJOINTS = (*REVERSE, "forward")
+T1 = 1.0
+FAULTS = (np.nan, np.inf, -np.inf)
+
+
+def _covering_pairs() -> set[tuple[str, str]]:
+    """Every stepper with one adjoint, the adjoints in turn: each adjoint meets several
+    steppers, explicit and implicit."""
+    return {(name, ADJOINTS[i % len(ADJOINTS)]) for i, name in enumerate(STEPPER_NAMES)}
+
+
+def _pairs():
+    fast = _covering_pairs()
+    for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
+        marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
+        yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
+
+
+def _step_options(name: str) -> dict:
+    """Constant steps for the steppers without an error estimate, adaptive for the others (at
+    a tolerance the low-order ones reach in a few hundred steps)."""
+    if STEPPERS[name].error_order is None:
+        return dict(controller=odeckpt.ConstantStep(), dt0=T1 / 64)
+    tol = 1e-6 if STEPPERS[name].order >= 3 else 1e-4
+    return dict(rtol=tol, atol=tol)
+
+
+def _accuracy(name: str) -> float:
+    """How close the healthy lanes' gradients come to the exact one."""
+    return {1: 0.1, 2: 1e-2}.get(STEPPERS[name].order, 1e-4)
+
+
+def faulty_field(t, y, p):
+    """`-k y`, replaced by `value` (NaN or inf) after `t_fault`."""
+    k, t_fault, value = p
+    return jnp.where(t > t_fault, value, -k * y)
+
+
+class Lanes:
+    """A batch of cases: `y0`, the rate `k`, the time after which `f` returns `value`."""
+
+    def __init__(self, rows):
+        y0, k, t_fault, value = (np.array(column, float) for column in zip(*rows, strict=True))
+        self.y0, self.k, self.t_fault, self.value = y0, k, t_fault, value
+
+    @property
+    def healthy(self) -> np.ndarray:
+        return np.isfinite(self.y0) & np.isfinite(self.k) & (self.t_fault >= T1)
+
+
+def _lanes_strategy():
+    """Five faulty lanes (one fault each: in `f` from a random time, in `k`, or in `y0`) and
+    a healthy one last."""
+    fault = st.sampled_from(FAULTS)
+    in_f = st.tuples(st.just(1.0), st.just(1.3), st.floats(0.0, 0.95), fault)
+    in_k = st.tuples(st.just(1.0), fault, st.just(2.0), st.just(0.0))
+    in_y0 = st.tuples(fault, st.just(1.3), st.just(2.0), st.just(0.0))
+    one = st.one_of(in_f, in_k, in_y0)
+    healthy = (0.7, 1.3, 2.0, 0.0)
+    return st.lists(one, min_size=5, max_size=5).map(lambda rows: Lanes([*rows, healthy]))
+
+
+_COMPILED = {}
+
+
+def _batched(name: str, adjoint: str):
+    """`(status, ys, dloss/d(y0, k))` for a batch of lanes, compiled once per pair."""
+    key = (name, adjoint)
+    if key in _COMPILED:
+        return _COMPILED[key]
+
+    def solve(y0, k, t_fault, value):
+        return odeckpt.solve(
+            faulty_field, jnp.stack([y0]), (0.0, T1), (k, t_fault, value), solver=name,
+            adjoint=adjoint, throw=False, max_steps=256, **_step_options(name),
+        )  # fmt: skip
+
+    def loss(y0, k, t_fault, value):
+        sol = solve(y0, k, t_fault, value)
+        return jnp.sum(sol.ys**2), sol
+
+    def lane(y0, k, t_fault, value):
+        if adjoint == "forward":
+            derivative = jax.jacfwd(lambda *a: loss(*a)[0], argnums=(0, 1))
+        else:
+            derivative = jax.grad(lambda *a: loss(*a)[0], argnums=(0, 1))
+        sol = solve(y0, k, t_fault, value)
+        ok = sol.status == odeckpt.Status.successful
+        return ok, sol.ys, jnp.stack(derivative(y0, k, t_fault, value))
+
+    _COMPILED[key] = jax.jit(jax.vmap(lane))
+    return _COMPILED[key]
+
+
+@pytest.mark.parametrize("name, adjoint", _pairs())
+@settings(max_examples=3, deadline=None)
+@given(lanes=_lanes_strategy())
+def test_faults_fail_loudly_per_lane(name, adjoint, lanes):
+    ok, ys, grad = _batched(name, adjoint)(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
+    ok, ys, grad = np.asarray(ok), np.asarray(ys), np.asarray(grad)
+    for i in range(len(ok)):
+        if ok[i]:
+            assert np.all(np.isfinite(ys[i])), f"lane {i}: successful, non-finite result"
+            assert lanes.healthy[i], f"lane {i}: a fault went unnoticed"
+        else:
+            assert np.all(np.isnan(grad[i])), f"lane {i}: failed, gradient {grad[i]}"
+    # The healthy lane keeps its gradient: that of a batch of healthy lanes, which is the
+    # derivative of y(1)^2 = y0^2 exp(-2k) to the accuracy of the stepper.
+    healthy = Lanes([(lanes.y0[-1], lanes.k[-1], lanes.t_fault[-1], 0.0)] * len(ok))
+    ok_alone, _, alone = _batched(name, adjoint)(
+        healthy.y0, healthy.k, healthy.t_fault, healthy.value
+    )
+    assert ok[-1] and np.all(ok_alone)
+    np.testing.assert_allclose(grad[-1], alone[0], rtol=1e-10)
+    y0, k = healthy.y0[0], healthy.k[0]
+    exact = [2 * y0 * np.exp(-2 * k), -2 * y0**2 * np.exp(-2 * k)]
+    np.testing.assert_allclose(alone[0], exact, rtol=_accuracy(name))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        if n in ("rk4", "tsit5", "kvaerno5", "rodas5")
+        else pytest.param(n, marks=pytest.mark.slow)
+        for n in STEPPER_NAMES
+    ],
+)
+def test_throw_raises_for_a_failing_lane(name):
+    def final(k):
+        sol = odeckpt.solve(
+            faulty_field, jnp.ones(1), (0.0, T1), (k, 0.5, jnp.nan), solver=name, max_steps=256,
+            **_step_options(name),
+        )  # fmt: skip
+        return sol.ys
+
+    with pytest.raises(Exception, match="non-finite|Newton"):
+        jax.block_until_ready(jax.jit(jax.vmap(final))(jnp.array([1.0, 2.0])))
+
+
+@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5", "rodas5"])
+def test_leaving_the_domain_is_a_failure(solver):
+    """`-sqrt(y)` reaches y = 0 at t = 2 and its steps overshoot into the NaNs of sqrt."""
+    sol = odeckpt.solve(
+        lambda t, y, a: -jnp.sqrt(y), jnp.ones(1), (0.0, 3.0), solver=solver, throw=False
+    )
+    assert sol.status != odeckpt.Status.successful
+    assert np.all(np.isfinite(sol.ys)) and float(sol.ts[-1]) < 2.01
+
+
+def test_non_finite_args_fail_before_the_first_step():
+    sol = odeckpt.solve(faulty_field, jnp.ones(1), (0.0, T1), (jnp.nan, 2.0, 0.0), throw=False)
+    assert sol.status == odeckpt.Status.nonfinite_f0 and int(sol.stats.num_steps) == 0
+
+
+def test_error_norm_keeps_nan():
+    from odeckpt._controllers import _rms
+
+    assert np.isnan(_rms(jnp.array([jnp.nan, 1.0]), jnp.ones(2)))
+    assert float(_rms(jnp.zeros(2), jnp.ones(2))) == 0.0
+    assert np.isnan(_rms(jnp.array([jnp.inf, 1.0]), jnp.array([jnp.inf, 1.0])))
+
+
+_NAN_MODE = """
+import jax, jax.numpy as jnp, numpy as np, odeckpt
+jax.config.update("jax_enable_x64", True)
+f = lambda t, y, k: jnp.where(t > 0.5, jnp.nan, -k * y)
+ts = jnp.array([0.2, 0.9])
+sol = odeckpt.solve(f, jnp.array([1.0, 2.0]), (0.0, 1.0), 1.0,
+                    saveat=odeckpt.SaveAt(ts=ts, t1=True, dense=True))
+assert np.all(np.isnan(sol.ys)) and np.all(np.isnan(sol.ts)), sol.ys
+assert np.all(np.isnan(sol.dense.coeffs)), "dense"
+sol = odeckpt.solve(lambda t, y, a: -y, jnp.array([1.0 + 1j]), (0.0, 1.0), max_steps=2)
+assert np.all(np.isnan(sol.ys.real)) and np.all(np.isnan(sol.ys.imag)), sol.ys
+g = jax.grad(lambda k: odeckpt.solve(f, jnp.ones(1), (0.0, 1.0), k).ys.sum())(1.0)
+assert np.isnan(g), g
+print("ok")
+"""
+
+
+def test_eqx_on_error_nan_makes_failed_outputs_nan():
+    env = dict(os.environ, EQX_ON_ERROR="nan", JAX_PLATFORMS="cpu")
+    script = textwrap.dedent(_NAN_MODE)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# Save times at the ends of the span and repeated ones, against the closed form exp(-t); one
+# compiled solve per stepper, forwards and backwards (the span is traced).
+
+_EDGE_TIMES = {
+    "forward": ((0.0, 1.0), [0.0, 0.0, 0.3, 0.3, 0.3, 0.7, 1.0, 1.0]),
+    "backward": ((1.0, 0.0), [1.0, 1.0, 0.6, 0.6, 0.2, 0.0, 0.0, 0.0]),
+}
+
+
+def _edge_solver(name: str):
+    order = STEPPERS[name].order
+    if STEPPERS[name].error_order is None:
+        options = dict(controller=odeckpt.ConstantStep())
+        tol = {1: 1e-2, 2: 1e-4}.get(order, 1e-8)
+    else:
+        options = dict(rtol=1e-10, atol=1e-10) if order >= 3 else dict(rtol=1e-6, atol=1e-6)
+        # Error per step: a first-order method's global error is far above rtol.
+        tol = {1: 5e-3, 2: 1e-4}.get(order, 1e-8)
+
+    @jax.jit
+    def solve(t0, t1, ts):
+        constant = "controller" in options
+        return odeckpt.solve(
+            lambda t, y, a: -y, jnp.exp(-jnp.stack([t0])), (t0, t1), solver=name,
+            saveat=odeckpt.SaveAt(ts=ts, dense=True), max_steps=4096,
+            dt0=(t1 - t0) / 256 if constant else None, **options,
+        )  # fmt: skip
+
+    return solve, tol
+
+
+@pytest.mark.parametrize("name", STEPPER_NAMES)
+def test_save_times_at_the_ends_and_repeated(name):
+    solve, tol = _edge_solver(name)
+    for (t0, t1), ts in _EDGE_TIMES.values():
+        sol = solve(t0, t1, jnp.asarray(ts))
+        np.testing.assert_allclose(sol.ts, ts)
+        np.testing.assert_allclose(sol.ys[:, 0], np.exp(-np.asarray(ts)), rtol=tol)
+        # Repeated save times hold the same value, bit for bit.
+        for i in range(1, len(ts)):
+            if ts[i] == ts[i - 1]:
+                assert sol.ys[i, 0] == sol.ys[i - 1, 0]
+        # The dense output covers the span and is never extrapolated.
+        with pytest.raises(ValueError, match="outside the solved span"):
+            sol.evaluate(t1 + (t1 - t0))
+        inside = 0.5 * (t0 + t1)
+        # Dopri8's continuous extension is cubic: less accurate than its steps.
+        rtol = 1e-3 if name == "dopri8" else max(tol, 1e-6)
+        np.testing.assert_allclose(sol.evaluate(inside), np.exp(-inside), rtol=rtol)
+
+
+def test_dense_output_is_nan_outside_the_span_under_jit():
+    sol = odeckpt.solve(
+        lambda t, y, a: -y, jnp.ones(1), (0.0, 2.0), saveat=odeckpt.SaveAt(dense=True)
+    )
+    values = jax.jit(lambda s, t: s.evaluate(t))(sol, jnp.array([-0.1, 1.0, 2.5]))
+    assert np.isnan(values[0]).all() and np.isnan(values[2]).all()
+    np.testing.assert_allclose(values[1], np.exp(-1.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("adjoint", ADJOINTS)
+def test_derivatives_in_save_times_at_t0(adjoint):
+    """`y(ts)` at `ts = t0`: d/dts = f(t0, y0), d/dt0 = -f(t0, y0)."""
+    k = 0.7
+
+    def saved(t0, ts):
+        sol = odeckpt.solve(
+            lambda t, y, a: -k * y, jnp.ones(1), (t0, 1.0), saveat=ts, adjoint=adjoint
+        )
+        return sol.ys[0, 0]
+
+    derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+    d_t0, d_ts = derivative(saved, argnums=(0, 1))(0.0, jnp.array([0.0, 0.5]))
+    np.testing.assert_allclose([d_t0, d_ts[0], d_ts[1]], [k, -k, 0.0], atol=1e-12)
+
+
+@pytest.mark.parametrize("adjoint", ADJOINTS)
+def test_zero_length_spans_inside_a_batch(adjoint):
+    """A lane with t1 == t0 has y(t1) = y0 and the exact derivatives in t0, t1, y0 and k."""
+    k = 0.8
+
+    def final(t1, y0, k):
+        sol = odeckpt.solve(
+            lambda t, y, k: -k * y, jnp.stack([y0]), (0.2, t1), k, adjoint=adjoint, rtol=1e-10,
+            atol=1e-10, saveat=odeckpt.SaveAt(ts=jnp.stack([t1]), t1=True),
+        )  # fmt: skip
+        return jnp.sum(sol.ys)
+
+    t1s = jnp.array([0.2, 1.0, 0.2])
+    y0 = 1.5
+    derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+    d_t1, d_y0, d_k = jax.vmap(derivative(final, argnums=(0, 1, 2)), in_axes=(0, None, None))(
+        t1s, y0, k
+    )
+    span = np.asarray(t1s) - 0.2
+    decay = np.exp(-k * span)
+    np.testing.assert_allclose(d_t1, 2 * -k * y0 * decay, rtol=1e-7)
+    np.testing.assert_allclose(d_y0, 2 * decay, rtol=1e-7)
+    np.testing.assert_allclose(d_k, 2 * -span * y0 * decay, rtol=1e-7, atol=1e-12)
