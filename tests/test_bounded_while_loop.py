@@ -448,3 +448,47 @@ def test_snapshot_of_many_small_leaves_is_one_write_per_dtype():
     text = jax.jit(jax.grad(loss)).lower(jnp.asarray(0.3)).compile().as_text()
     # the forward store and the reverse sweep's push, one per dtype: 4 (12 per leaf: 24)
     assert text.count("dynamic-update-slice(") <= 8, text.count("dynamic-update-slice(")
+
+
+def _closing_over(x, **kw):
+    """A while loop (7 steps of at most 20) whose body closes over `x` (the differentiated
+    input), a Python int and a Python float."""
+    k, c = 3, 2.5
+    cond = lambda v: v["i"] < 7
+    body = lambda v: {"y": jnp.sin(v["y"]) * c + x * k, "i": v["i"] + 1}
+    init = {"y": jnp.full(2, 0.5), "i": jnp.asarray(0, jnp.int32)}
+    v = bounded_while_loop(cond, body, init, max_steps=20, **kw)
+    return jnp.sum(v["y"] * jnp.array([1.0, -0.5]))
+
+
+def _assert_derivatives_agree(loss, x):
+    """`jacfwd == jacrev`, both equal to central finite differences and nonzero."""
+    fwd, rev = jax.jacfwd(loss)(x), jax.jacrev(loss)(x)
+    _assert_close(fwd, rev)
+    h, basis = 1e-6, jnp.eye(jnp.size(x)).reshape(-1, *jnp.shape(x))
+    fd = jnp.stack([(loss(x + h * e) - loss(x - h * e)) / (2 * h) for e in basis], -1)
+    np.testing.assert_allclose(fwd, fd.reshape(jnp.shape(fwd)), rtol=1e-7)
+    assert float(jnp.max(jnp.abs(fwd))) > 1.0
+
+
+@pytest.mark.parametrize(
+    "kw", [{"checkpoints": 2}, {"checkpoints": 20}, {}],
+    ids=["binomial", "states", "default"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "x", [1.3, jnp.asarray(1.3), np.float64(1.3), jnp.array([1.3, 0.4])],
+    ids=["python float", "weak scalar", "numpy scalar", "array"],
+)  # fmt: skip
+def test_forward_mode_of_a_closed_over_value(x, kw):
+    """The tangent of a closed-over input reaches the forward-mode loop, whatever its type (a
+    Python float reaches the custom JVP rule as the float itself)."""
+    _assert_derivatives_agree(lambda x: _closing_over(x, **kw), x)
+
+
+def test_forward_mode_of_a_closed_over_python_float_under_vmap():
+    loss = lambda x: _closing_over(x, checkpoints=2)
+    ts = jnp.array([1.0, -2.0])  # a batch of tangents of one Python float
+    jvps = jax.vmap(lambda t: jax.jvp(loss, (1.3,), (t,))[1])(ts)
+    _assert_close(jvps, ts * jax.grad(loss)(1.3))
+    xs = jnp.array([1.3, 0.2])
+    _assert_close(jax.vmap(jax.jacfwd(loss))(xs), jax.vmap(jax.grad(loss))(xs))

@@ -459,3 +459,13 @@ def test_memory_checkpointed_layers_flat_in_depth():
     # Four [256, 16] snapshots and one block's activations, whatever the depth (a plain
     # lax.scan at depth 256 holds 256 blocks' activations: 33 MiB).
     assert max(temps) <= 1.1 * min(temps) and max(temps) < 2**20, temps
+
+
+def test_forward_mode_from_a_python_float_input():
+    """A stack applied to a Python float (its primal in the custom JVP rule is the float
+    itself) keeps its tangent: `jacfwd == jacrev`."""
+    model = checkpoint_layers(eqx.nn.Sequential([eqx.nn.Lambda(jnp.sin)] * 3))
+    f = lambda x: model(x)
+    fwd = jax.jacfwd(f)(1.0)
+    _assert_close(fwd, jax.jacrev(f)(1.0))
+    _assert_close(fwd, jax.jacrev(lambda x: jnp.sin(jnp.sin(jnp.sin(x))))(1.0))
