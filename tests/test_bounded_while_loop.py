@@ -1,5 +1,9 @@
 """`bounded_while_loop` against an unrolled early-exit reference (float64, tolerance 1e-12)."""
 
+import math
+import re
+import tracemalloc
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -7,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
-from odeckpt.checkpointing import _tree
+from odeckpt.checkpointing import _tree, bounded_while_loop, while_loop_plan
+from odeckpt.checkpointing._cost import recomputed_steps
 from odeckpt.checkpointing._vmap import lane_running
-from odeckpt.checkpointing.schedules import online_schedule, simulate
+from odeckpt.checkpointing.schedules import offline_schedule, online_schedule, simulate
 
 _COUNT = [0]
 
@@ -492,3 +496,50 @@ def test_forward_mode_of_a_closed_over_python_float_under_vmap():
     _assert_close(jvps, ts * jax.grad(loss)(1.3))
     xs = jnp.array([1.3, 0.2])
     _assert_close(jax.vmap(jax.jacfwd(loss))(xs), jax.vmap(jax.grad(loss))(xs))
+
+
+@pytest.mark.parametrize(("steps", "c"), [(150, 1), (400, 2), (400, 3), (400, 6), (30, 4)])
+def test_recomputed_steps_in_the_graph_match_the_simulator_at_every_stop(steps, c):
+    """`sol.stats.num_recomputed_steps` as computed at run time (`_cost`: from the schedule's
+    small tables, the online rule replayed over the phase of the stop) at every stop; for an
+    offline schedule at its length."""
+    schedule = online_schedule(steps, c)
+    ns = jnp.arange(1, steps + 1)
+    got = jax.jit(jax.vmap(lambda n: recomputed_steps(schedule, n)))(ns)
+    expected = [simulate(schedule, n).forward_steps - (n - 1) for n in range(1, steps + 1)]
+    np.testing.assert_array_equal(got, expected)
+    for c in (1, 3, 9, 40):
+        schedule = offline_schedule(steps, c)
+        expected = simulate(schedule, steps).forward_steps - (steps - 1)
+        assert int(recomputed_steps(schedule, steps)) == expected
+
+
+def _largest_constant(lowered) -> int:
+    """Elements of the largest constant array in a lowered (StableHLO) program."""
+    shapes = re.findall(r"stablehlo\.constant dense<.*?> : tensor<([0-9x]*)[a-z]", lowered)
+    return max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
+
+
+@pytest.mark.parametrize("max_steps", [10**6, 10**9])
+@pytest.mark.parametrize("checkpoints", [3, 16, None])  # None: the default, 1414 and 44721
+def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps, checkpoints):
+    """The schedule (run as the forward loop steps), the reverse sweep's table of binomials and
+    the statistics are `O(c r)` integers: the lowered gradient and the statistics hold no
+    constant larger than that table, and tracing them allocates a few MiB, for `max_steps`
+    of a million or a billion. The gradient of the 7 steps run is exact."""
+    cond = lambda v: v[1] < 7.0
+    body = lambda v: (jnp.sin(v[0]) * 1.1, v[1] + 1.0)
+    kw = dict(max_steps=max_steps, checkpoints=checkpoints)
+    loss = lambda x: bounded_while_loop(cond, body, (x, 0.0), **kw)[0]
+    c = while_loop_plan(cond, body, (1.0, 0.0), **kw).checkpoints
+    schedule = online_schedule(max_steps, c)
+    tracemalloc.start()
+    lowered = jax.jit(jax.grad(loss)).lower(1.0).as_text()
+    stats = jax.jit(lambda n: recomputed_steps(schedule, n)).lower(7).as_text()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    table = schedule.binomials.size  # (c + 2) x (r + 3), r the repetition number
+    assert max(_largest_constant(lowered), _largest_constant(stats)) <= table < max_steps // 100
+    assert peak < 32 * 2**20, peak
+    ref = jax.grad(lambda x: jax.lax.fori_loop(0, 7, lambda _, y: jnp.sin(y) * 1.1, x))(1.0)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(1.0), ref, rtol=1e-14)
