@@ -12,7 +12,12 @@ import pytest
 
 import odeckpt
 from odeckpt._steppers import STEPPERS
-from odeckpt.checkpointing.schedules import binomial, online_schedule
+from odeckpt.checkpointing.schedules import (
+    binomial,
+    offline_schedule,
+    online_schedule,
+    simulate,
+)
 
 ADAPTIVE = sorted(name for name, cls in STEPPERS.items() if cls.error_order is not None)
 
@@ -221,6 +226,19 @@ def test_stats_report_the_reverse_sweep(c):
     expected = simulate(offline_schedule(n + 1, c), n).forward_steps - (n - 1)
     assert int(stats.num_recomputed_steps) == expected
     assert expected > 0 or c >= n
+
+
+def test_stats_of_a_constant_step_solve_one_step_short_of_its_schedule():
+    """19 constant steps: the offline schedule is planned for 20 (a spare step) with 5 slots,
+    and the last segment at the stop keeps more than one free slot."""
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=5)
+    f = lambda t, y, a: -a * y
+    stats = odeckpt.solve(f, jnp.ones(2), (0.0, 0.95), 1.0, adjoint=adjoint, solver="rk4",
+                          controller=odeckpt.ConstantStep(), dt0=0.05).stats  # fmt: skip
+    n = int(stats.num_steps)
+    assert n == 19
+    expected = simulate(offline_schedule(n + 1, 5), n).forward_steps - (n - 1)
+    assert int(stats.num_recomputed_steps) == expected
 
 
 def test_stats_of_the_other_adjoints():

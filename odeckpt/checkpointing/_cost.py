@@ -57,8 +57,9 @@ def _placement_cost(held, n, table):
     """Recomputed steps from the positions `held` by the slots at the stop `n` (`-1`: empty).
 
     The held positions split `[0, n)` into segments; segment `j` (from the `j`-th position) is
-    reversed with `c - j` free slots at the optimal cost `t(L_j, c - j)`, less the `L - 1`
-    steps of the first sweep for the last segment, whose input state the loop still holds.
+    reversed from its restored start with `c - j` free slots at the optimal cost
+    `t(L_j, c - j)`. The last step of the last one is reversed from the state the loop still
+    holds, and the rest of it, `L - 1` steps, from its start: `t(L - 1, c - k + 1)`.
     """
     c = held.shape[0]
     pos = jnp.sort(jnp.where(held >= 0, held, _CAP))
@@ -66,9 +67,9 @@ def _placement_cost(held, n, table):
     j = jnp.arange(c, dtype=_INT)
     ends = jnp.where(j + 1 < k, jnp.append(pos[1:], _CAP), n)
     lengths = jnp.where(j < k, ends - pos, 0)
+    lengths = jnp.where(j == k - 1, jnp.maximum(lengths - 1, 0), lengths)
     cost = jax.vmap(_optimal_cost, in_axes=(0, 0, None))(lengths, c - j, table)
-    last = jnp.where(j == k - 1, jnp.maximum(lengths - 1, 0), 0)
-    return jnp.sum(cost - last).astype(_INT)
+    return jnp.sum(cost).astype(_INT)
 
 
 def _optimal_cost(length, slots, table):
