@@ -102,6 +102,21 @@ def test_online_phase_start_replays_to_the_held_positions(c):
         assert tuple(int(p) for p in state.held) == schedule.positions(n), (c, n)
 
 
+@pytest.mark.parametrize("c", range(2, 8))
+def test_online_segments_stay_within_the_tables_repetition_number(c):
+    """`Schedule.binomials` resolves repetition numbers up to `repetitions + 1`: every segment
+    the reverse sweep reverses at any stop (with its free slots; Revolve's recursion inside it
+    never exceeds its repetition number) stays within `repetitions`."""
+    steps = 1500
+    schedule = online_schedule(steps, c)
+    for n in range(2, steps + 1):
+        positions = schedule.positions(n)
+        ends = [*positions[1:], n - 1]
+        for j, (p, e) in enumerate(zip(positions, ends, strict=True)):
+            if e - p >= 2 and c - j >= 2:
+                assert repetition_number(e - p, c - j) <= schedule.repetitions, (c, n, j)
+
+
 def test_offline_generator_stores_revolves_positions():
     for c, n in ((1, 5), (3, 10), (4, 100), (12, 50), (60, 40)):
         schedule = offline_schedule(n, c)

@@ -5,7 +5,7 @@ plain steps (its advances), whatever the number of steps or the schedule's depth
 does not depend on either. The forward loop runs the schedule's generator of stores
 (`schedules.Schedule`) as it steps, and the reverse loop's decisions come from integer
 arithmetic on a small table of binomials (`split`, see `schedules.split`): unbatched, never
-from batched data, and nothing sized by the number of steps.
+from batched data, and neither sized by the number of steps.
 """
 
 import dataclasses

@@ -82,8 +82,9 @@ class Schedule(abc.ABC):
 
     @functools.cached_property
     def repetitions(self) -> int:
-        """The largest repetition number of the segments the reverse sweep reverses (each with
-        its free slots): Revolve's `r` for `steps` and `c`."""
+        """Revolve's `r` for `steps` and `c`: the largest repetition number of the segments the
+        reverse sweep reverses (each with its free slots; for an online schedule checked at
+        every stop for `c <= 7` up to 1500 steps, and `binomials` resolves one more)."""
         c = self.checkpoints
         return 1 if c < 2 else repetition_number(max(self.steps, 2), c)
 
