@@ -83,8 +83,8 @@ class Schedule(abc.ABC):
     @functools.cached_property
     def repetitions(self) -> int:
         """Revolve's `r` for `steps` and `c`: the largest repetition number of the segments the
-        reverse sweep reverses (each with its free slots; for an online schedule checked at
-        every stop for `c <= 7` up to 1500 steps, and `binomials` resolves one more)."""
+        reverse sweep reverses, each with its free slots (for an online schedule a property of
+        its rule, which the tests check; `binomials` resolves one more)."""
         c = self.checkpoints
         return 1 if c < 2 else repetition_number(max(self.steps, 2), c)
 
