@@ -1,5 +1,9 @@
 """`bounded_while_loop` against an unrolled early-exit reference (float64, tolerance 1e-12)."""
 
+import math
+import re
+import tracemalloc
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -7,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
-from odeckpt.checkpointing import _tree
+from odeckpt.checkpointing import _tree, bounded_while_loop, while_loop_plan
+from odeckpt.checkpointing._cost import recomputed_steps
 from odeckpt.checkpointing._vmap import lane_running
-from odeckpt.checkpointing.schedules import online_schedule, simulate
+from odeckpt.checkpointing.schedules import offline_schedule, online_schedule, simulate
 
 _COUNT = [0]
 
@@ -448,3 +452,95 @@ def test_snapshot_of_many_small_leaves_is_one_write_per_dtype():
     text = jax.jit(jax.grad(loss)).lower(jnp.asarray(0.3)).compile().as_text()
     # the forward store and the reverse sweep's push, one per dtype: 4 (12 per leaf: 24)
     assert text.count("dynamic-update-slice(") <= 8, text.count("dynamic-update-slice(")
+
+
+def _closing_over(x, **kw):
+    """A while loop (7 steps of at most 20) whose body closes over `x` (the differentiated
+    input), a Python int and a Python float."""
+    k, c = 3, 2.5
+    cond = lambda v: v["i"] < 7
+    body = lambda v: {"y": jnp.sin(v["y"]) * c + x * k, "i": v["i"] + 1}
+    init = {"y": jnp.full(2, 0.5), "i": jnp.asarray(0, jnp.int32)}
+    v = bounded_while_loop(cond, body, init, max_steps=20, **kw)
+    return jnp.sum(v["y"] * jnp.array([1.0, -0.5]))
+
+
+def _assert_derivatives_agree(loss, x):
+    """`jacfwd == jacrev`, both equal to central finite differences and nonzero."""
+    fwd, rev = jax.jacfwd(loss)(x), jax.jacrev(loss)(x)
+    _assert_close(fwd, rev)
+    h, basis = 1e-6, jnp.eye(jnp.size(x)).reshape(-1, *jnp.shape(x))
+    fd = jnp.stack([(loss(x + h * e) - loss(x - h * e)) / (2 * h) for e in basis], -1)
+    np.testing.assert_allclose(fwd, fd.reshape(jnp.shape(fwd)), rtol=1e-7)
+    assert float(jnp.max(jnp.abs(fwd))) > 1.0
+
+
+@pytest.mark.parametrize(
+    "kw", [{"checkpoints": 2}, {"checkpoints": 20}, {}],
+    ids=["binomial", "states", "default"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "x", [1.3, jnp.asarray(1.3), np.float64(1.3), jnp.array([1.3, 0.4])],
+    ids=["python float", "weak scalar", "numpy scalar", "array"],
+)  # fmt: skip
+def test_forward_mode_of_a_closed_over_value(x, kw):
+    """The tangent of a closed-over input reaches the forward-mode loop, whatever its type (a
+    Python float reaches the custom JVP rule as the float itself)."""
+    _assert_derivatives_agree(lambda x: _closing_over(x, **kw), x)
+
+
+def test_forward_mode_of_a_closed_over_python_float_under_vmap():
+    loss = lambda x: _closing_over(x, checkpoints=2)
+    ts = jnp.array([1.0, -2.0])  # a batch of tangents of one Python float
+    jvps = jax.vmap(lambda t: jax.jvp(loss, (1.3,), (t,))[1])(ts)
+    _assert_close(jvps, ts * jax.grad(loss)(1.3))
+    xs = jnp.array([1.3, 0.2])
+    _assert_close(jax.vmap(jax.jacfwd(loss))(xs), jax.vmap(jax.grad(loss))(xs))
+
+
+@pytest.mark.parametrize(
+    ("online", "steps", "c"),
+    [(True, 150, 1), (True, 400, 2), (True, 400, 3), (True, 400, 6), (True, 30, 4),
+     (False, 150, 1), (False, 150, 3), (False, 150, 5), (False, 150, 9), (False, 20, 30)],
+)  # fmt: skip
+def test_recomputed_steps_in_the_graph_match_the_simulator_at_every_stop(online, steps, c):
+    """`sol.stats.num_recomputed_steps` as computed at run time (`_cost`: from the schedule's
+    small tables, the online rule replayed over the phase of the stop) at every stop, also for
+    an offline schedule (a constant-step solve stops one step short of its spare step, or at
+    an event)."""
+    schedule = (online_schedule if online else offline_schedule)(steps, c)
+    ns = jnp.arange(1, steps + 1)
+    got = jax.jit(jax.vmap(lambda n: recomputed_steps(schedule, n)))(ns)
+    expected = [simulate(schedule, n).forward_steps - (n - 1) for n in range(1, steps + 1)]
+    np.testing.assert_array_equal(got, expected)
+
+
+def _largest_constant(lowered) -> int:
+    """Elements of the largest constant array in a lowered (StableHLO) program."""
+    shapes = re.findall(r"stablehlo\.constant dense<.*?> : tensor<([0-9x]*)[a-z]", lowered)
+    return max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
+
+
+@pytest.mark.parametrize("max_steps", [10**6, 10**9])
+@pytest.mark.parametrize("checkpoints", [3, 16, None])  # None: the default, 1414 and 44721
+def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps, checkpoints):
+    """The schedule (run as the forward loop steps), the reverse sweep's table of binomials and
+    the statistics are `O(c r)` integers: the lowered gradient and the statistics hold no
+    constant larger than that table, and tracing them allocates a few MiB, for `max_steps`
+    of a million or a billion. The gradient of the 7 steps run is exact."""
+    cond = lambda v: v[1] < 7.0
+    body = lambda v: (jnp.sin(v[0]) * 1.1, v[1] + 1.0)
+    kw = dict(max_steps=max_steps, checkpoints=checkpoints)
+    loss = lambda x: bounded_while_loop(cond, body, (x, 0.0), **kw)[0]
+    c = while_loop_plan(cond, body, (1.0, 0.0), **kw).checkpoints
+    schedule = online_schedule(max_steps, c)
+    tracemalloc.start()
+    lowered = jax.jit(jax.grad(loss)).lower(1.0).as_text()
+    stats = jax.jit(lambda n: recomputed_steps(schedule, n)).lower(7).as_text()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    table = schedule.binomials.size  # (c + 2) x (r + 3), r the repetition number
+    assert max(_largest_constant(lowered), _largest_constant(stats)) <= table < max_steps // 100
+    assert peak < 32 * 2**20, peak
+    ref = jax.grad(lambda x: jax.lax.fori_loop(0, 7, lambda _, y: jnp.sin(y) * 1.1, x))(1.0)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(1.0), ref, rtol=1e-14)

@@ -13,6 +13,7 @@ MODULES = [
     "odeckpt.checkpointing._vmap",
     "odeckpt.checkpointing._while_loop",
     "odeckpt.checkpointing.schedules._binomial",
+    "odeckpt.checkpointing.schedules._offline",
     "odeckpt.checkpointing.schedules._online",
     "odeckpt.checkpointing.schedules._planner",
     "odeckpt.checkpointing.schedules._simulate",

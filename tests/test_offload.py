@@ -368,3 +368,22 @@ def test_solve_stats_count_both_levels():
     segment = -(-101 // 7)  # max_steps = n + 1 (one spare step)
     assert int(sol.stats.num_checkpoints) == 2 + 7
     assert int(sol.stats.num_recomputed_steps) == offload_cost(n, segment, 2) - (n - 1)
+
+
+def test_forward_mode_of_a_closed_over_python_float():
+    """The offloaded loops keep the tangent of a closed-over Python float (which reaches the
+    custom JVP rule as the float itself): `jacfwd == jacrev`."""
+    levels = dict(checkpoints={"device": 2, "host": 3}, offload="host")
+
+    def scanned(x):
+        body = lambda carry, _: (jnp.sin(carry) * 2.5 + 3 * x, None)
+        return checkpointed_scan(body, jnp.full(2, 0.5), None, length=8, **levels)[0].sum()
+
+    def looped(x):
+        body = lambda v: (jnp.sin(v[0]) * 2.5 + 3 * x, v[1] + 1)
+        return bounded_while_loop(lambda v: v[1] < 7, body, (0.5, 0), max_steps=9, **levels)[0]
+
+    for loss in (scanned, looped):
+        fwd = jax.jacfwd(loss)(1.3)
+        _assert_close(fwd, jax.jacrev(loss)(1.3))
+        assert abs(float(fwd)) > 1.0

@@ -122,6 +122,8 @@ def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
         return _offloaded(loop, plan)
     c = plan.checkpoints
     schedule = (online_schedule if plan.online else offline_schedule)(loop.steps, c)
+    # With a slot for every step the forward sweep stores every state: nothing to split.
+    binomials = schedule.binomials if c < loop.steps else None
 
     def fwd(params, init, xs, buffers):
         state, buffers, saved = forward(loop, params, init, xs, buffers, schedule)
@@ -131,7 +133,7 @@ def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
         del out_structs
         params, _, xs, _ = primals
         ct_state, ct_buffers = ct
-        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c, want)
+        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c, binomials, want)
 
     return fwd, bwd
 

@@ -58,51 +58,60 @@ def store(entries: tuple, value, i) -> tuple:
     return tuple(lax.cond(i == j, lambda e: value, keep, e) for j, e in enumerate(entries))
 
 
-def _forward(step: Callable, params: tuple, init, xs, save: bool):
-    """`lax.scan` of `step(params[i], carry, xs[i]) -> (carry, y)`; returns `((carry, ys),
-    inputs)`, `inputs` the stacked carry entering each step (`None` unless `save`)."""
+def _forward(step: Callable, consts, params: tuple, init, xs, save: bool):
+    """`lax.scan` of `step(consts, params[i], carry, xs[i]) -> (carry, y)`; returns
+    `((carry, ys), inputs)`, `inputs` the stacked carry entering each step (`None` unless
+    `save`)."""
 
     def body(carry, inputs):
         i, x = inputs
-        new, y = step(select(params, i), carry, x)
+        new, y = step(consts, select(params, i), carry, x)
         return new, (y, carry if save else None)
 
     out, (ys, inputs) = lax.scan(body, init, (jnp.arange(len(params)), xs))
     return (out, ys), inputs
 
 
-def _reverse(step: Callable, params: tuple, xs, inputs, ct_out, want: tuple[bool, bool]):
-    """The cotangents `(params, init, xs)` (inexact parts, `None` elsewhere) from those of
-    `(carry, ys)`: step `i` is recomputed from its stored input and differentiated, from the
-    last to the first. `want`: whether the cotangents of `params` and `xs` are needed."""
-    want_params, want_xs = want
+def _reverse(step: Callable, primals: tuple, inputs, ct_out, want: tuple[bool, bool, bool]):
+    """The cotangents of `primals = (consts, params, init, xs)` (inexact parts, `None`
+    elsewhere) from those of `(carry, ys)`: step `i` is recomputed from its stored input and
+    differentiated, from the last to the first. `want`: whether the cotangents of `consts`,
+    `params` and `xs` are needed."""
+    consts, params, _, xs = primals
+    want_consts, want_params, want_xs = want
     ct_carry, ct_ys = ct_out
     k = len(params)
+    k_f, k_rest = _tree.split_inexact(consts)
+    ct_k = _tree.zeros_like(k_f) if want_consts else None
     acc = tuple(_tree.zeros_like(_tree.split_inexact(p)[0]) for p in params)
     acc = acc if want_params else None
     ct_xs = _tree.zeros_like(_tree.split_inexact(xs)[0]) if want_xs else None
 
     def body(r, carry):
-        g, acc, ct_xs = carry
+        g, ct_k, acc, ct_xs = carry
         i = k - 1 - r
         p_f, p_rest = _tree.split_inexact(select(params, i))
         c_f, c_rest = _tree.split_inexact(_tree.index(inputs, i))
         x_f, x_rest = _tree.split_inexact(_tree.index(xs, i))
 
-        def f(p, c, x):
+        def f(kk, p, c, x):
+            kk = kk if want_consts else k_f
             p = p if want_params else p_f
             x = x if want_xs else x_f
-            new, y = step(eqx.combine(p, p_rest), eqx.combine(c, c_rest), eqx.combine(x, x_rest))
+            new, y = step(eqx.combine(kk, k_rest), eqx.combine(p, p_rest),
+                          eqx.combine(c, c_rest), eqx.combine(x, x_rest))  # fmt: skip
             return _tree.split_inexact(new)[0], _tree.split_inexact(y)[0]
 
-        diff = (p_f if want_params else None, c_f, x_f if want_xs else None)
-        ct_p, g, ct_x = jax.vjp(f, *diff)[1]((g, _tree.index(ct_ys, i)))
+        diff = (k_f if want_consts else None, p_f if want_params else None, c_f,
+                x_f if want_xs else None)  # fmt: skip
+        ct_ki, ct_p, g, ct_x = jax.vjp(f, *diff)[1]((g, _tree.index(ct_ys, i)))
+        ct_k = _tree.add(ct_k, ct_ki) if want_consts else None
         acc = store(acc, ct_p, i) if want_params else None
         ct_xs = _tree.update(ct_xs, ct_x, i) if want_xs else None
-        return g, acc, ct_xs
+        return g, ct_k, acc, ct_xs
 
-    g, acc, ct_xs = lax.fori_loop(0, k, body, (ct_carry, acc, ct_xs))
-    return acc, g, ct_xs
+    g, ct_k, acc, ct_xs = lax.fori_loop(0, k, body, (ct_carry, ct_k, acc, ct_xs))
+    return ct_k, acc, g, ct_xs
 
 
 def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | None = None):
@@ -123,14 +132,20 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
 
         body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         return lax.scan(body, init, (jnp.arange(len(params)), xs))
-    primal = lambda params, init, xs: _forward(step, params, init, xs, save=False)[0]
+    # Values the step closes over (a layer holding a traced array in a closure) cross the
+    # custom JVP as `consts`, an input shared by every step.
+    init = _tree.strong(init)
+    converted = eqx.filter_closure_convert(step, params[0], init, _tree.index(xs, 0))
+    consts, static = eqx.partition(converted, eqx.is_array)
+    closed = lambda consts, p, carry, x: eqx.combine(consts, static)(p, carry, x)
+    primal = lambda *primals: _forward(closed, *primals, save=False)[0]
 
     @jax.custom_jvp
-    def scan(params, init, xs):
-        return primal(params, init, xs)
+    def scan(consts, params, init, xs):
+        return primal(consts, params, init, xs)
 
     def scan_jvp(primals, tangents):
-        out, inputs = _forward(step, *primals, save=True)
+        out, inputs = _forward(closed, *primals, save=True)
         zero = lambda t: isinstance(t, SymbolicZero)
         p_leaves = _leaves(primals)
         t_leaves = jtu.tree_leaves(tangents, is_leaf=lambda t: zero(t) or t is None)
@@ -140,7 +155,7 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
         ]
         groups = [len(_leaves(part)) for part in primals]
         bounds = np.cumsum([0, *groups])
-        want = tuple(any(linear[bounds[j] : bounds[j + 1]]) for j in (0, 2))
+        want = tuple(any(linear[bounds[j] : bounds[j + 1]]) for j in (0, 1, 3))
         res_leaves, res_def = jtu.tree_flatten((primals, inputs))
         out_f, _ = _tree.split_inexact(out)
         out_def = jtu.tree_structure(out_f, is_leaf=_none)
@@ -156,9 +171,8 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
 
         def transpose(res_leaves, ct_leaves):
             primals, inputs = jtu.tree_unflatten(res_def, res_leaves)
-            params, _, xs = primals
             ct_out = jtu.tree_unflatten(out_def, _fill(_leaves(out_f), ct_leaves))
-            cts = _reverse(step, params, xs, inputs, ct_out, want)
+            cts = _reverse(closed, primals, inputs, ct_out, want)
             flat = [x for c, p in zip(cts, primals, strict=True) for x in _aligned(c, p)]
             return [
                 _zero(p) if c is None else c
@@ -173,7 +187,7 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
         return out, _complete(out_t, out)
 
     scan.defjvp(scan_jvp, symbolic_zeros=True)
-    return scan(params, init, xs)
+    return scan(consts, params, init, xs)
 
 
 def _zero_or_none(p):

@@ -2,9 +2,10 @@
 
 The forward loop holds one step function, the reverse loop one VJP of it and an inner loop of
 plain steps (its advances), whatever the number of steps or the schedule's depth, so compile time
-does not depend on either. The reverse loop's
-decisions come from unbatched integer arithmetic on a small table of binomials (`split`, see
-`schedules.split`), never from batched data.
+does not depend on either. The forward loop runs the schedule's generator of stores
+(`schedules.Schedule`) as it steps, and the reverse loop's decisions come from integer
+arithmetic on a small table of binomials (`split`, see `schedules.split`): unbatched, never
+from batched data, and neither sized by the number of steps.
 """
 
 import dataclasses
@@ -20,9 +21,11 @@ from jax import lax
 
 from . import _tree
 from ._vmap import any_lane
-from .schedules import Schedule, binomial_table
+from .schedules import Ops, Schedule
 
 _INT = jnp.int32
+OPS = Ops(jnp, _INT, lax.cond)
+"""How the loops run a schedule's generator."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,15 +79,14 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     tape = _tree.stack_zeros(loop.decisions, loop.steps) if record else None
     if save:
         c = schedule.checkpoints
-        # position i is decided one step later, at iteration i + 1 (see `Schedule`)
-        table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
         packed = loop.packed(params, init)
         snaps = _tree.update(_tree.stack_zeros(packed, c), packed, 0)
         pos = jnp.full((c,), -1, _INT).at[0].set(0)
+        stores = schedule.start(OPS)  # the next store: its position and slot
     else:
-        snaps = pos = None
+        snaps = pos = stores = None
     pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred, tape)
+    carry = (jnp.array(0, _INT), init, init, snaps, pos, stores, buffers, pred, tape)
 
     def keep_going(carry):
         i, *_, pred, _ = carry
@@ -92,19 +94,21 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
         return going if loop.cond is None else going & any_lane(pred)
 
     def body(carry):
-        i, state, prev, snaps, pos, buffers, _, tape = carry
+        i, state, prev, snaps, pos, stores, buffers, _, tape = carry
         if save:
-            slot = table[i]
-            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev))
-            pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
+            # position i - 1 is decided one step later, at iteration i (see `Schedule`)
+            hit = stores.position == i - 1
+            snaps = _store(snaps, hit, stores.slot, loop.packed(params, prev))
+            pos = jnp.where(hit, pos.at[stores.slot].set(i - 1), pos)
+            stores = lax.cond(hit, lambda s: schedule.advance(s, OPS), lambda s: s, stores)
         new, idx, values, made = loop.step(params, state, _x(xs, i), i)
         buffers = _tree.write(buffers, idx, values)
         if record:
             tape = _tree.update(tape, made, i)
         pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, new, state, snaps, pos, buffers, pred, tape
+        return i + 1, new, state, snaps, pos, stores, buffers, pred, tape
 
-    n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
+    n, state, held, snaps, pos, _, buffers, _, tape = lax.while_loop(keep_going, body, carry)
     return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
@@ -119,14 +123,15 @@ def _split(table, length, free):
 
 def reverse(
     loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int,
-    want: tuple[bool, bool] = (True, True),
+    binomials: np.ndarray | None, want: tuple[bool, bool] = (True, True),
 ):  # fmt: skip
     """Replay the schedule backwards from the snapshots; returns the input cotangents.
 
     Returns `(ct_params, ct_init, ct_xs, ct_buffers)` for the inexact leaves (`None`
     elsewhere), `ct_buffers` being the cotangent of the initial buffer contents. `want` says
     whether the cotangents of `params` and `xs` are needed (else `None`: no `[n, ...]` buffer
-    for constant `xs`).
+    for constant `xs`). `binomials`: the schedule's (`Schedule.binomials`), or `None` with a
+    slot for every step.
     """
     n, held, snaps, pos, tape = residuals
     c = checkpoints
@@ -135,7 +140,7 @@ def reverse(
     stack = pos[perm]
     k = jnp.sum(pos >= 0).astype(_INT)
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
-    body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, want)
+    body = reverse_body(loop, params, xs, tape, c, binomials, perm, want)
     carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
     out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
     ct_state, ct_params, ct_xs, ct_buffers = out[6:]
@@ -151,20 +156,20 @@ def cotangent_zeros(params, xs, want: tuple[bool, bool]):
 
 
 def reverse_body(
-    loop: Loop, params, xs, tape, c: int, length: int, perm, want: tuple[bool, bool]
+    loop: Loop, params, xs, tape, c: int, binomials: np.ndarray | None, perm,
+    want: tuple[bool, bool],
 ):  # fmt: skip
     """One iteration of the reverse sweep, which reverses one step, on the carry `(end, cur,
     k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot
     unless the state before step `end - 1` is in hand (`cur = end - 1`: the first iteration),
     advance from it to `end - 1` in an inner loop of plain steps, storing the states Revolve's
     split says, then reverse step `end - 1`. `stack[:k]` are the stored positions (sorted),
-    `perm[j]` the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the
-    table of binomials sized for it).
+    `perm[j]` the slot of `stack[j]`; `binomials` is the table `split` reads (`None` with a
+    slot for every step: the restored snapshot is always the state before step `end - 1`).
     """
     want_params, want_xs = want
     recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
-    # With a slot for every step the forward sweep stores every state: no advance, no table.
-    table = jnp.asarray(binomial_table(c, length), _INT) if c < length else None
+    table = None if binomials is None else jnp.asarray(binomials, _INT)
     params_f, params_rest = _tree.split_inexact(params)
 
     def vjp_step(cur, state, ct_state, ct_params, ct_buffers):

@@ -15,6 +15,7 @@ from jax import lax
 from . import _host, _tree
 from ._loop import Loop, cotangent_zeros, reverse_body
 from ._vmap import any_lane
+from .schedules import offline_schedule
 
 _INT = jnp.int32
 
@@ -74,7 +75,9 @@ def reverse(
     c = checkpoints
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     perm = jnp.arange(c, dtype=_INT)
-    body = reverse_body(loop, params, xs, tape, c, segment, perm, want)
+    # Revolve on each segment; with a slot for every step of one, nothing to split
+    binomials = offline_schedule(segment, c).binomials if c < segment else None
+    body = reverse_body(loop, params, xs, tape, c, binomials, perm, want)
     snaps = _tree.stack_zeros(loop.packed(params, held), c)
 
     def run_segment(carry):

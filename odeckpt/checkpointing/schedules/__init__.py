@@ -1,8 +1,10 @@
 """Checkpoint schedules as data: planning, cost model and simulator, in pure Python and NumPy.
 
 Importing this package does not import JAX: schedules are planned at trace time from static step
-counts and tested on their own. The JAX loops of `odeckpt.checkpointing` only look values up in
-the tables built here.
+counts and tested on their own. A schedule is a generator of stores run from a few integers per
+slot (`Schedule`, `Ops`), with a table of binomials of `O(c r)` entries: nothing is sized by the
+number of steps. The JAX loops of `odeckpt.checkpointing` run the same generator as they step
+and read the same table.
 
 - `offline_schedule(n, c)`: Revolve, optimal `t(n, c)` forward steps (Griewank 1992; Griewank &
   Walther 2000, ACM TOMS 26, Algorithm 799).
@@ -17,7 +19,6 @@ the tables built here.
 from ._binomial import (
     binomial as binomial,
     binomial_table as binomial_table,
-    offline_schedule as offline_schedule,
     optimal_cost as optimal_cost,
     repetition_number as repetition_number,
     split as split,
@@ -27,6 +28,7 @@ from ._multistage import (
     offload_cost as offload_cost,
     segment_cost as segment_cost,
 )
+from ._offline import offline_schedule as offline_schedule
 from ._online import online_schedule as online_schedule
 from ._planner import (
     DEFAULT_HOST_MEMORY_BUDGET as DEFAULT_HOST_MEMORY_BUDGET,
@@ -36,7 +38,7 @@ from ._planner import (
     parse_memory as parse_memory,
     plan as plan,
 )
-from ._schedule import Schedule as Schedule
+from ._schedule import Ops as Ops, Schedule as Schedule
 from ._simulate import (
     Simulation as Simulation,
     simulate as simulate,
@@ -47,6 +49,7 @@ __all__ = [
     "DEFAULT_HOST_MEMORY_BUDGET",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_MIN_CHECKPOINTS",
+    "Ops",
     "Plan",
     "Schedule",
     "Simulation",

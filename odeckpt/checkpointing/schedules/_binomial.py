@@ -8,12 +8,9 @@ References:
   for the reverse or adjoint mode of computational differentiation", ACM TOMS 26(1).
 """
 
-import functools
 import math
 
 import numpy as np
-
-from ._schedule import Schedule
 
 
 def binomial(s: int, r: int) -> int:
@@ -86,48 +83,21 @@ def split(length: int, snapshots: int) -> int:
     return min(binomial(snapshots, r - 1), length - binomial(snapshots - 1, r - 1))
 
 
-def binomial_table(c: int, length: int) -> np.ndarray:
+def binomial_table(c: int, length: int, *, repetitions: int | None = None) -> np.ndarray:
     """`table[s, r] = min(beta(s, r), length + 1)` for `s <= c` and every `r` that matters.
 
     The JAX loops compute `split` from this small table with integer arithmetic:
-    `r = sum(table[s] < L)` and `m = min(table[s, r-1], L - table[s-1, r-1])`.
+    `r = sum(table[s] < L)` and `m = min(table[s, r-1], L - table[s-1, r-1])`, for any
+    `L <= length` whose repetition number with `s` slots is at most `repetitions` (default:
+    every `L <= length` and `2 <= s <= c`). The columns go to `repetitions + 1`.
     """
-    rmax = 1 if c < 2 else repetition_number(max(length, 2), 2) + 1
-    cap = length + 1
-    table = np.zeros((c + 1, rmax + 1), dtype=np.int64)
-    for s in range(c + 1):
-        for r in range(rmax + 1):
-            table[s, r] = min(binomial(s, r), cap)
+    if repetitions is None:
+        repetitions = 0 if c < 2 else repetition_number(max(length, 2), 2)
+    # beta(s, r) = sum_{t <= s} beta(t, r - 1): each column the running sum of the one before
+    table = np.ones((c + 1, repetitions + 2), dtype=np.int64)
+    for r in range(1, repetitions + 2):
+        table[:, r] = np.minimum(np.cumsum(table[:, r - 1]), length + 1)
     return table
-
-
-@functools.lru_cache(maxsize=64)
-def offline_schedule(n: int, c: int) -> Schedule:
-    """Revolve's first sweep for `n` steps with `c` snapshots, as a `Schedule`.
-
-    Position `0` goes to slot `0`; then, from the last stored position `p` with `s` slots left,
-    the next one is `p + split(n - p, s)`, until one slot is left or the next position would be
-    the last step (which the loop keeps in hand anyway).
-
-    **Example:**
-
-    ```python
-    >>> offline_schedule(10, 3).positions()
-    (0, 4, 7)
-
-    ```
-    """
-    _check(n, c)
-    store = np.full(n, -1, dtype=np.int64)
-    store[0] = 0
-    p, s = 0, c
-    while s >= 2 and n - p >= 2:
-        q = p + split(n - p, s)
-        if q >= n - 1:
-            break
-        store[q] = c - s + 1
-        p, s = q, s - 1
-    return Schedule(c, store, online=False)
 
 
 def _check(n: int, c: int) -> None:
