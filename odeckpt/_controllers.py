@@ -5,7 +5,6 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 
 import abc
 import dataclasses
-import functools
 
 import equinox as eqx
 import jax
@@ -307,9 +306,3 @@ def _rms(y: Y, scale: Y) -> Scalar:
     # vmap); keep it out of the gradient so that it cannot turn into NaN. A NaN mean stays NaN.
     positive = mean > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, mean, 1)), mean)
-
-
-def all_finite(y: Y) -> BoolScalar:
-    """Whether every component of every leaf of `y` is finite (neither NaN nor inf)."""
-    checks = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]
-    return functools.reduce(jnp.logical_and, checks, jnp.array(True))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import odeckpt
-from odeckpt._backsolve import BacksolveAdjoint
+from odeckpt import BacksolveAdjoint
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 
@@ -358,7 +358,7 @@ def test_constant_steps_and_forward_values():
 def test_seminorm_leaves_the_parameter_integral_out_of_the_error():
     """The wrapped stepper's error estimate is zero on `g`, and its root mean square over all
     components equals the one over `(y, a)` alone."""
-    from odeckpt._backsolve_ode import Seminorm
+    from odeckpt._adjoints._backsolve._problem import Seminorm
 
     def augmented(s, z, args):
         y, a, g = z

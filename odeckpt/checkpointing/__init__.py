@@ -21,30 +21,4 @@ if TYPE_CHECKING:
     )
     from .schedules import Plan as Plan, parse_memory as parse_memory
 
-__all__ = [
-    "Plan",
-    "any_lane",
-    "bounded_while_loop",
-    "checkpoint_layers",
-    "checkpointed_layers",
-    "checkpointed_scan",
-    "parse_memory",
-    "scan_plan",
-    "schedules",
-    "while_loop_plan",
-]
-
-__getattr__, __dir__ = lazy_namespace(
-    __name__,
-    {
-        "checkpointed_scan": "._scan",
-        "scan_plan": "._scan",
-        "bounded_while_loop": "._while_loop",
-        "while_loop_plan": "._while_loop",
-        "any_lane": "._vmap",
-        "checkpoint_layers": "._checkpoint_layers",
-        "checkpointed_layers": "._layers",
-        "Plan": ".schedules",
-        "parse_memory": ".schedules",
-    },
-)
+__getattr__, __dir__, __all__ = lazy_namespace(__name__)
