@@ -75,8 +75,10 @@ def reverse(
     c = checkpoints
     ct_params, ct_xs = cotangent_zeros(params, xs, want)
     perm = jnp.arange(c, dtype=_INT)
-    # Revolve on each segment; with a slot for every step of one, nothing to split
-    binomials = offline_schedule(segment, c).binomials if c < segment else None
+    # Revolve on each segment from its start, the only state stored in it (with a slot for
+    # every step of the segment too: the sweep must still advance); one-step segments have
+    # nothing to advance
+    binomials = offline_schedule(segment, c).binomials if segment > 1 else None
     body = reverse_body(loop, params, xs, tape, c, binomials, perm, want)
     snaps = _tree.stack_zeros(loop.packed(params, held), c)
 
