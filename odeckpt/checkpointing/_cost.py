@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._loop import OPS
-from .schedules import Schedule, binomial, offline_schedule
+from .schedules import BinomialTable, Schedule, binomial, offline_schedule, offload_recomputations
 
 _INT = jnp.int32
 _CAP = 2**30
@@ -24,17 +24,17 @@ def recomputed_steps(schedule: Schedule, n: jax.Array) -> jax.Array:
     """
     c = schedule.checkpoints
     n = jnp.asarray(n, _INT)
-    table = jnp.asarray(schedule.binomials, _INT)
+    table = BinomialTable(jnp.asarray(schedule.binomials, _INT), OPS)
     if not schedule.online:
         stored = jnp.asarray(schedule.stored, _INT)
         held = jnp.full((c,), -1, _INT).at[: stored.shape[0]].set(stored)
         return _placement_cost(jnp.where(held <= n - 2, held, -1).at[0].set(0), n, table)
-    optimal = (_optimal_cost(n, c, table) - jnp.maximum(n - 1, 0)).astype(_INT)
+    optimal = (table.optimal_cost(n, c) - jnp.maximum(n - 1, 0)).astype(_INT)
     if not schedule.later_phases:
         return optimal
     # the phase of the last store before the stop: the one starting at the last
     # beta(c, r - 1) <= n - 2 (from r = 3 on)
-    r = jnp.maximum(3, 2 + jnp.sum(table[c, 2:] <= n - 2, dtype=_INT))
+    r = jnp.maximum(3, 2 + jnp.sum(table.table[c, 2:] <= n - 2, dtype=_INT))
     at_stop = lambda s: s.position <= n - 2
     state = lax.while_loop(
         at_stop, lambda s: schedule.advance(s, OPS), schedule.phase_start(r, OPS)
@@ -45,12 +45,8 @@ def recomputed_steps(schedule: Schedule, n: jax.Array) -> jax.Array:
 def offload_recomputed_steps(segment: int, checkpoints: int, n: jax.Array) -> jax.Array:
     """Forward steps the two-level reverse sweep (`offload="host"`) recomputes after the loop
     ran `n` steps: `schedules.offload_cost(n, segment, checkpoints) - (n - 1)`, as int32."""
-    n = jnp.asarray(n, _INT)
-    table = jnp.asarray(offline_schedule(segment, checkpoints).binomials, _INT)
-    last = jnp.maximum(n - 1, 0) // segment
-    full = _optimal_cost(jnp.asarray(segment, _INT), checkpoints, table)
-    rest = _optimal_cost(jnp.maximum(n - 1 - last * segment, 0), checkpoints, table)
-    return jnp.where(n >= 1, last * full + rest, 0).astype(_INT)
+    table = BinomialTable(jnp.asarray(offline_schedule(segment, checkpoints).binomials, _INT), OPS)
+    return offload_recomputations(table, n, segment, checkpoints).astype(_INT)
 
 
 def _placement_cost(held, n, table):
@@ -68,14 +64,5 @@ def _placement_cost(held, n, table):
     ends = jnp.where(j + 1 < k, jnp.append(pos[1:], _CAP), n)
     lengths = jnp.where(j < k, ends - pos, 0)
     lengths = jnp.where(j == k - 1, jnp.maximum(lengths - 1, 0), lengths)
-    cost = jax.vmap(_optimal_cost, in_axes=(0, 0, None))(lengths, c - j, table)
+    cost = jax.vmap(table.optimal_cost)(lengths, c - j)
     return jnp.sum(cost).astype(_INT)
-
-
-def _optimal_cost(length, slots, table):
-    """`t(length, slots) = r * length - beta(slots + 1, r - 1)` (0 for `length <= 1`)."""
-    r = jnp.sum(table[slots] < length).astype(_INT)
-    multi = r * length - table[slots + 1, jnp.maximum(r - 1, 0)]
-    single = length * (length - 1) // 2  # one slot: advance from the start every time
-    cost = jnp.where(slots == 1, single, multi)
-    return jnp.where(length <= 1, 0, cost)

@@ -21,7 +21,7 @@ from jax import lax
 
 from . import _tree
 from ._vmap import any_lane
-from .schedules import Ops, Schedule
+from .schedules import BinomialTable, Ops, Schedule
 
 _INT = jnp.int32
 OPS = Ops(jnp, _INT, lax.cond)
@@ -112,15 +112,6 @@ def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
     return state, buffers, ((n, held, snaps, pos, tape) if save else None)
 
 
-def _split(table, length, free):
-    """`schedules.split(length, free)` from the binomial table (valid for length, free >= 2)."""
-    free = jnp.clip(free, 2, table.shape[0] - 1)
-    length = jnp.maximum(length, 2)
-    row, row_below = table[free], table[free - 1]
-    r = jnp.sum(row < length, dtype=_INT)
-    return jnp.minimum(row[r - 1], length - row_below[r - 1])
-
-
 def reverse(
     loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int,
     binomials: np.ndarray | None, want: tuple[bool, bool] = (True, True),
@@ -169,7 +160,7 @@ def reverse_body(
     """
     want_params, want_xs = want
     recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
-    table = None if binomials is None else jnp.asarray(binomials, _INT)
+    table = None if binomials is None else BinomialTable(jnp.asarray(binomials, _INT), OPS)
     params_f, params_rest = _tree.split_inexact(params)
 
     def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
@@ -198,7 +189,7 @@ def reverse_body(
         cur, k, stack, held, snaps = inner
         top = stack[k - 1]
         free = c - k + 1
-        split = 1 if table is None else _split(table, end - top, free)
+        split = 1 if table is None else table.split(end - top, free)
         push = (free >= 2) & (cur == top + split)
         snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
         stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
