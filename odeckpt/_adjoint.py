@@ -10,9 +10,8 @@ import jax.numpy as jnp
 
 from ._integrate import Loop, LoopState, apply_writes
 from ._types import IntScalar, Y
-from .checkpointing import bounded_while_loop, parse_memory
+from .checkpointing import bounded_while_loop, forward_only, parse_memory
 from .checkpointing._cost import offload_recomputed_steps, recomputed_steps
-from .checkpointing._linear import linear_call
 from .checkpointing._while_loop import checked_plan
 from .checkpointing.schedules import offline_schedule, online_schedule, plan as plan_schedule
 
@@ -258,12 +257,7 @@ class ForwardMode(AbstractAdjoint):
         # The results pass through an identity whose transpose raises, so that `jax.grad`
         # fails with a message naming the adjoints that support reverse mode.
         final, outputs = _while_loop(loop, state, outputs)
-        leaves, treedef = jax.tree.flatten((span_derivative(loop, state, final), outputs))
-        inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
-        guarded = linear_call(lambda _, x: x, _no_reverse_mode, [], [leaves[i] for i in inexact])
-        for i, x in zip(inexact, guarded, strict=True):
-            leaves[i] = x
-        return jax.tree.unflatten(treedef, leaves)
+        return forward_only((span_derivative(loop, state, final), outputs), _NO_REVERSE_MODE)
 
 
 def span_derivative(loop: Loop, init: LoopState, final: LoopState) -> LoopState:
@@ -296,9 +290,8 @@ def _while_loop(loop: Loop, state: LoopState, outputs: tuple[Y, ...]):
     return state, outputs
 
 
-def _no_reverse_mode(residuals, cotangents):
-    raise TypeError(
-        "adjoint=ForwardMode() supports forward mode only (jax.jvp, jax.jacfwd). Fix: for "
-        "jax.grad / jax.vjp / jax.jacrev use adjoint='recursive' (RecursiveCheckpointAdjoint, "
-        "the default) or adjoint='direct' (DirectAdjoint)."
-    )
+_NO_REVERSE_MODE = TypeError(
+    "adjoint=ForwardMode() supports forward mode only (jax.jvp, jax.jacfwd). Fix: for "
+    "jax.grad / jax.vjp / jax.jacrev use adjoint='recursive' (RecursiveCheckpointAdjoint, "
+    "the default) or adjoint='direct' (DirectAdjoint)."
+)

@@ -1,68 +1,15 @@
-"""The reverse sweep's cost in the graph: what `schedules.simulate` counts, for a step count
-known only at run time (a while loop's)."""
+"""Transitional: the names `odeckpt/_adjoint.py` imports until it reads
+`recomputed_steps(plan, n)` and `Plan.slots` (delete this module with that change)."""
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
-from ._loop import OPS
-from .schedules import BinomialTable, Schedule, binomial, offline_schedule, offload_recomputations
-
-_INT = jnp.int32
-_CAP = 2**30
-"""Past every position: the sort key of an empty slot."""
+from ._recomputation import _offload_recomputations, _schedule_recomputations
+from .schedules import Schedule, offline_schedule
 
 
-def recomputed_steps(schedule: Schedule, n: jax.Array) -> jax.Array:
-    """Forward steps the reverse sweep recomputes after the loop ran `n` steps under
-    `schedule`: `simulate(schedule, n).forward_steps - (n - 1)`, as int32.
-
-    Reads the schedule's small tables (`O(c r)` entries). An online schedule is optimal up to
-    `C(c+2, 2)` steps (Stumm & Walther's rounds), so there the cost is `t(n, c)`; beyond, its
-    rule runs again over the stores of the phase the stop falls in, from the placement the
-    phase starts with, to find the positions held at the stop.
-    """
-    c = schedule.checkpoints
-    n = jnp.asarray(n, _INT)
-    table = BinomialTable(jnp.asarray(schedule.binomials, _INT), OPS)
-    if not schedule.online:
-        stored = jnp.asarray(schedule.stored, _INT)
-        held = jnp.full((c,), -1, _INT).at[: stored.shape[0]].set(stored)
-        return _placement_cost(jnp.where(held <= n - 2, held, -1).at[0].set(0), n, table)
-    optimal = (table.optimal_cost(n, c) - jnp.maximum(n - 1, 0)).astype(_INT)
-    if not schedule.later_phases:
-        return optimal
-    # the phase of the last store before the stop: the one starting at the last
-    # beta(c, r - 1) <= n - 2 (from r = 3 on)
-    r = jnp.maximum(3, 2 + jnp.sum(table.table[c, 2:] <= n - 2, dtype=_INT))
-    at_stop = lambda s: s.position <= n - 2
-    state = lax.while_loop(
-        at_stop, lambda s: schedule.advance(s, OPS), schedule.phase_start(r, OPS)
-    )
-    return jnp.where(n <= binomial(c, 2), optimal, _placement_cost(state.held, n, table))
+def recomputed_steps(schedule: Schedule, n) -> jax.Array:
+    return _schedule_recomputations(schedule, n)
 
 
-def offload_recomputed_steps(segment: int, checkpoints: int, n: jax.Array) -> jax.Array:
-    """Forward steps the two-level reverse sweep (`offload="host"`) recomputes after the loop
-    ran `n` steps: `schedules.offload_cost(n, segment, checkpoints) - (n - 1)`, as int32."""
-    table = BinomialTable(jnp.asarray(offline_schedule(segment, checkpoints).binomials, _INT), OPS)
-    return offload_recomputations(table, n, segment, checkpoints).astype(_INT)
-
-
-def _placement_cost(held, n, table):
-    """Recomputed steps from the positions `held` by the slots at the stop `n` (`-1`: empty).
-
-    The held positions split `[0, n)` into segments; segment `j` (from the `j`-th position) is
-    reversed from its restored start with `c - j` free slots at the optimal cost
-    `t(L_j, c - j)`. The last step of the last one is reversed from the state the loop still
-    holds, and the rest of it, `L - 1` steps, from its start: `t(L - 1, c - k + 1)`.
-    """
-    c = held.shape[0]
-    pos = jnp.sort(jnp.where(held >= 0, held, _CAP))
-    k = jnp.sum(held >= 0)
-    j = jnp.arange(c, dtype=_INT)
-    ends = jnp.where(j + 1 < k, jnp.append(pos[1:], _CAP), n)
-    lengths = jnp.where(j < k, ends - pos, 0)
-    lengths = jnp.where(j == k - 1, jnp.maximum(lengths - 1, 0), lengths)
-    cost = jax.vmap(table.optimal_cost)(lengths, c - j)
-    return jnp.sum(cost).astype(_INT)
+def offload_recomputed_steps(segment: int, checkpoints: int, n) -> jax.Array:
+    return _offload_recomputations(offline_schedule(segment, checkpoints), segment, n)
