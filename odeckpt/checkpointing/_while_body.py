@@ -1,10 +1,5 @@
 """A `bounded_while_loop`'s functions in the engine's normal form (`EngineLoop`), and the checks
-of what they return.
-
-The functions are traced with the arguments the checks trace them with (`cond_fun(val)`,
-`body_fun(val)` or `body_fun(val, None)`), so that JAX's trace cache serves a loop planned by
-`while_loop_plan` and then run: its functions are traced once.
-"""
+of what they and its other arguments are."""
 
 from typing import Any, NamedTuple
 
@@ -63,13 +58,6 @@ def check_snapshot(snapshot, init_val):
     rebuilt = jax.eval_shape(unpack_fun, packed)
     _tree.check_same_structure("unpack(pack(val))", init_val, rebuilt, fix)
     return packed
-
-
-def check_functions(cond_fun, body_fun, init_val, outputs, record_decisions: bool) -> None:
-    """Check what `cond_fun` and the forward run of `body_fun` return."""
-    pred = jax.eval_shape(cond_fun, init_val)
-    out = jax.eval_shape(body_fun, init_val, *_first_args(record_decisions))
-    _check_body(pred, out, init_val, outputs, record_decisions)
 
 
 def _first_args(record_decisions: bool) -> tuple:

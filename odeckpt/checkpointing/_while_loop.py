@@ -10,7 +10,6 @@ from . import _host, _tree, schedules
 from ._loop import EngineLoop, Inputs
 from ._regimes import check_plan, run
 from ._while_body import (
-    check_functions,
     check_max_steps,
     check_record,
     check_snapshot,
@@ -48,9 +47,9 @@ def while_loop_plan(
     """The `Plan` that `bounded_while_loop` with the same arguments follows.
 
     Pass it to `bounded_while_loop(cond_fun, body_fun, init_val, plan=...)` (with the same
-    `outputs`, `snapshot` and `record_decisions`) to plan once: the functions are then traced
-    once for both (JAX's trace cache), and a plan that may store every step's residuals sizes
-    them here only.
+    `outputs`, `snapshot` and `record_decisions`) to plan once. The functions are traced only
+    when the plan may store every step's residuals, to size them (with `memory_budget`, or
+    `online=False` without `checkpoints`); `bounded_while_loop` checks what they return.
 
     **Example:**
 
@@ -67,42 +66,28 @@ def while_loop_plan(
 
     ```
     """
-    budget = _Budget(checkpoints, memory_budget, online, offload)
-    return _plan_loop(cond_fun, body_fun, init_val, max_steps, budget, outputs, snapshot,
-                 record_decisions, check=True)  # fmt: skip
-
-
-def checked_plan(cond_fun, body_fun, init_val, kwargs: dict, *, check: bool) -> Plan:
-    """Transitional, for `odeckpt/_adjoint.py` until it plans with `while_loop_plan` and runs
-    `bounded_while_loop(plan=...)` (delete it, and `_plan_loop`'s `check`, with that change):
-    `while_loop_plan(cond_fun, body_fun, init_val, **kwargs)`; with `check=False` the
-    functions are traced only to size the step's residuals."""
-    get = kwargs.get
-    budget = _Budget(get("checkpoints"), get("memory_budget"), get("online", True), get("offload"))
-    loop_form = (get("outputs"), get("snapshot"), get("record_decisions", False))
-    return _plan_loop(
-        cond_fun, body_fun, init_val, kwargs["max_steps"], budget, *loop_form, check=check
-    )
-
-
-def _plan_loop(cond_fun, body_fun, init_val, max_steps, budget: _Budget, outputs, snapshot,
-               record_decisions, *, check: bool) -> Plan:  # fmt: skip
-    """The plan of `while_loop_plan`; `check`: check what the functions return even when the
-    plan does not need to trace them."""
     max_steps = check_max_steps(max_steps)
     check_record(record_decisions)
     init_val = _tree.strong(init_val)
     snapshot_bytes = _tree.nbytes(check_snapshot(snapshot, init_val))
-    if budget.offload is not None:
+    budget = _Budget(checkpoints, memory_budget, online, offload)
+    if offload is not None:
         _host.check_host_memory("while_loop_plan")
-    if budget.sizes_residuals:
-        loop, params = engine_loop(
-            cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
-        )
-        return _sized_plan(loop, params, init_val, snapshot_bytes, budget)
-    if check:
-        check_functions(cond_fun, body_fun, init_val, outputs, record_decisions)
-    return budget.plan(max_steps, snapshot_bytes)
+    if not budget.sizes_residuals:
+        return budget.plan(max_steps, snapshot_bytes)
+    loop, params = engine_loop(
+        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
+    )
+    return _sized_plan(loop, params, init_val, snapshot_bytes, budget)
+
+
+def checked_plan(cond_fun, body_fun, init_val, kwargs: dict, *, check: bool) -> Plan:
+    """Transitional, for `odeckpt/_adjoint.py` until it plans with `while_loop_plan` and runs
+    `bounded_while_loop(plan=...)` (delete it with that change): `while_loop_plan(cond_fun,
+    body_fun, init_val, **kwargs)`, which traces the functions only to size the step's
+    residuals, whatever `check`."""
+    del check
+    return while_loop_plan(cond_fun, body_fun, init_val, **kwargs)
 
 
 def _sized_plan(loop: EngineLoop, params, init_val, snapshot_bytes: int, budget: _Budget) -> Plan:
