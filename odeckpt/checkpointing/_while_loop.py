@@ -67,9 +67,7 @@ def while_loop_plan(
     ```
     """
     max_steps = check_max_steps(max_steps)
-    check_record(record_decisions)
-    init_val = _tree.strong(init_val)
-    snapshot_bytes = _tree.nbytes(check_snapshot(snapshot, init_val))
+    init_val, snapshot_bytes = _checked_init(init_val, snapshot, record_decisions)
     budget = _Budget(checkpoints, memory_budget, online, offload)
     if offload is not None:
         _host.check_host_memory("while_loop_plan")
@@ -79,6 +77,14 @@ def while_loop_plan(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
     return _sized_plan(loop, params, init_val, snapshot_bytes, budget)
+
+
+def _checked_init(init_val, snapshot, record_decisions) -> tuple[Any, int]:
+    """`init_val` with strong dtypes and the bytes a snapshot of it holds, once `snapshot` and
+    `record_decisions` are checked."""
+    check_record(record_decisions)
+    init_val = _tree.strong(init_val)
+    return init_val, _tree.nbytes(check_snapshot(snapshot, init_val))
 
 
 def checked_plan(cond_fun, body_fun, init_val, kwargs: dict, *, check: bool) -> Plan:
@@ -209,9 +215,7 @@ def bounded_while_loop(
         )
     if plan is None:
         max_steps = check_max_steps(max_steps)
-    check_record(record_decisions)
-    init_val = _tree.strong(init_val)
-    snapshot_bytes = _tree.nbytes(check_snapshot(snapshot, init_val))
+    init_val, snapshot_bytes = _checked_init(init_val, snapshot, record_decisions)
     if plan is None:
         # Checks the budget now; a plan that may store the step's residuals is only made (it
         # traces the step's VJP to size them) if the loop is differentiated.
