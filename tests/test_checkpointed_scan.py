@@ -149,6 +149,33 @@ def test_plan_reports_regime():
     assert scan_plan(f, init, xs, memory_budget=200).regime == "binomial"
 
 
+def test_a_plan_made_once_runs_the_scan_as_its_arguments_do():
+    init, xs, theta = _problem(50, 3, 1)
+    ref = _grads(jax.lax.scan, init, xs, theta)
+    f = _step(theta)
+    for kw in ({}, {"checkpoints": 5}, {"checkpoints": 60}, {"memory_budget": 200},
+               {"checkpoints": {"device": 2, "host": 7}, "offload": "host"}):  # fmt: skip
+        plan = scan_plan(f, init, xs, **kw)
+        planned = lambda f, i, x, plan=plan: checkpointed_scan(f, i, x, plan=plan)
+        _assert_close(_grads(planned, init, xs, theta), ref)
+
+
+def test_plan_errors_name_the_fix():
+    init, xs, theta = _problem(50, 3, 1)
+    f = _step(theta)
+    plan = scan_plan(f, init, xs, checkpoints=5)
+    for kw in ({"checkpoints": 5}, {"memory_budget": "1MB"}, {"offload": "host"}):
+        with pytest.raises(ValueError, match=f"plan= or {next(iter(kw))}, not both"):
+            checkpointed_scan(f, init, xs, plan=plan, **kw)
+    with pytest.raises(ValueError, match="made for 50 steps and this loop runs 40"):
+        checkpointed_scan(f, init, jax.tree.map(lambda x: x[:40], xs), plan=plan)
+    wider, _, _ = _problem(50, 4, 1)
+    with pytest.raises(ValueError, match="snapshots of 40 bytes and this loop's hold 48"):
+        checkpointed_scan(_step(theta), wider, xs | {"b": jnp.ones((50, 4))}, plan=plan)
+    with pytest.raises(TypeError, match=r"plan must be a Plan, as scan_plan\(...\)"):
+        checkpointed_scan(f, init, xs, plan=5)
+
+
 _COUNT = [0]
 
 

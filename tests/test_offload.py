@@ -141,9 +141,11 @@ def test_plan_errors_name_the_fix():
 
 @pytest.mark.parametrize(
     "checkpoints", [{"device": 1, "host": 1}, {"device": 2, "host": 5}, {"device": 1, "host": 37},
-                    {"device": 4, "host": 9}, 3],
+                    {"device": 4, "host": 9}, {"device": 5, "host": 8}, 3],
 )  # fmt: skip
 def test_scan_gradients_equal_single_level(checkpoints, scan_reference):
+    """`{"device": 5, "host": 8}`: segments of 5 steps with a device slot for each (the plan's
+    "states" regime), whose reverse sweep must still advance from each segment's start."""
     got = jax.jit(_loss(checkpointed_scan, 37, checkpoints=checkpoints, offload="host"))
     _assert_close(got(_Y0), scan_reference)
 
@@ -198,7 +200,9 @@ def test_while_loop_gradients_equal_single_level_at_every_kind_of_stop():
     _assert_close(batched, jax.vmap(ref, in_axes=(0, None, 0))(a, y0, stops))
 
 
-@pytest.mark.parametrize(("n", "segment_slots", "c"), [(30, 4, 3), (17, 17, 1), (40, 3, 1)])
+@pytest.mark.parametrize(
+    ("n", "segment_slots", "c"), [(30, 4, 3), (17, 17, 1), (40, 3, 1), (30, 4, 8)]
+)
 def test_step_evaluations_match_simulator(n, segment_slots, c):
     xs = jnp.linspace(0.5, 1.5, n)
     kw = dict(checkpoints={"device": c, "host": segment_slots}, offload="host")

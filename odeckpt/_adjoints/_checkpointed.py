@@ -13,10 +13,13 @@ from .._integrate import IntegrationLoop
 from .._loop_state import LoopState
 from .._outputs import Outputs, written_groups
 from .._validate import count
-from ..checkpointing import Plan, bounded_while_loop, parse_memory, while_loop_plan
-from ..checkpointing._cost import offload_recomputed_steps as _offload_cost  # TEMP
-from ..checkpointing._cost import recomputed_steps as _schedule_cost  # TEMP
-from ..checkpointing.schedules import offline_schedule, online_schedule  # TEMP
+from ..checkpointing import (
+    Plan,
+    bounded_while_loop,
+    parse_memory,
+    recomputed_steps,
+    while_loop_plan,
+)
 from ..checkpointing.schedules import plan as plan_schedule
 from ._base import AbstractAdjoint, GradientStats, RunResult, span_derivative
 
@@ -50,15 +53,11 @@ class EngineForm(eqx.Module):
 
     def plan(self, **budget) -> Plan:
         """The engine's `Plan` for this loop under `budget` (`max_steps`, `checkpoints`, ...)."""
-        plan = while_loop_plan(self.cond, self.body, self.init, **budget, **self.engine_args())
-        object.__setattr__(plan, "_budget", budget)  # TEMP
-        return plan
+        return while_loop_plan(self.cond, self.body, self.init, **budget, **self.engine_args())
 
     def run(self, plan: Plan) -> tuple[LoopState, Outputs]:
         """Run the loop by the engine, as `plan` says."""
-        out = bounded_while_loop(
-            self.cond, self.body, self.init, **plan._budget, **self.engine_args()
-        )  # TEMP
+        out = bounded_while_loop(self.cond, self.body, self.init, plan=plan, **self.engine_args())
         if not self.outputs.groups():
             return out, self.outputs
         final, groups = out
@@ -99,8 +98,8 @@ class AbstractCheckpointedAdjoint(AbstractAdjoint):
         plan = self.plan(form)
         final, outputs = form.run(plan)
         stats = GradientStats(
-            num_checkpoints=jnp.asarray(_slots(plan), jnp.int32),
-            num_recomputed_steps=_recomputed(plan, final.num_steps),
+            num_checkpoints=jnp.asarray(plan.slots, jnp.int32),
+            num_recomputed_steps=recomputed_steps(plan, final.num_steps),
         )
         return RunResult(span_derivative(loop, state, final), outputs, stats)
 
@@ -209,17 +208,3 @@ class DirectAdjoint(AbstractCheckpointedAdjoint):
         # A snapshot slot for every step: the engine then stores every state, never advances.
         return form.plan(max_steps=form.loop.max_steps, checkpoints=form.loop.max_steps)
 
-
-def _slots(plan):  # TEMP
-    if plan.regime == "residuals":
-        return 0
-    return plan.checkpoints + (plan.host_checkpoints if plan.offload is not None else 0)
-
-
-def _recomputed(plan, n):  # TEMP
-    if plan.regime != "binomial" or plan.offload is not None:
-        if plan.offload is not None:
-            return _offload_cost(plan.segment, plan.checkpoints, n)
-        return jnp.zeros((), jnp.int32)
-    schedule = (online_schedule if plan.online else offline_schedule)(plan.steps, plan.checkpoints)
-    return _schedule_cost(schedule, n)

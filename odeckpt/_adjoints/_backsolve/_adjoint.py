@@ -14,8 +14,8 @@ from ..._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
 from ..._steppers._rosenbrock import AbstractRosenbrock
 from ..._validate import count
 from .._base import AbstractAdjoint, GradientStats, RunResult
+from ._gradient import Inputs, backsolve
 from ._setup import BackwardSetup
-from ._vjp import backsolve
 
 
 class BacksolveAdjoint(AbstractAdjoint):
@@ -123,12 +123,7 @@ class BacksolveAdjoint(AbstractAdjoint):
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat))
         checkpoints = None if self.checkpoints is None else int(self.checkpoints)
-        try:  # TEMP
-            final, outputs = backsolve((loop, state, outputs), setup, checkpoints)
-        except TypeError as e:
-            if "forward-mode" in str(e):
-                raise forward_mode_error() from None
-            raise
+        final, outputs = backsolve(Inputs(loop, state, outputs), setup, checkpoints)
         num_checkpoints = jnp.asarray(checkpoints or 0, jnp.int32)
         return RunResult(final, outputs, GradientStats(num_checkpoints, jnp.zeros((), jnp.int32)))
 
@@ -198,10 +193,3 @@ def _flags_only(saveat: SaveAt) -> SaveAt:
     """`saveat` without its `ts` array: the loop reads `loop.ts`, and only the flags here."""
     return SaveAt(t1=True, steps=saveat.steps, dense=saveat.dense)
 
-
-def forward_mode_error() -> TypeError:  # TEMP
-    return TypeError(
-        "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
-        "Fix: for jax.jvp / jax.jacfwd use adjoint='forward' (ForwardMode) or adjoint='direct' "
-        "(DirectAdjoint)."
-    )

@@ -91,20 +91,6 @@ def _size(tree) -> int:
     return sum(leaf.size for leaf in jax.tree.leaves(tree))
 
 
-def zeros_for_none(ct, like):
-    """The cotangent `ct` (with `None` for symbolic zeros) as arrays shaped like `like`."""
-    if ct is None:
-        return jax.tree.map(jnp.zeros_like, like)
-    return jax.tree.map(
-        lambda c, y: jnp.zeros_like(y) if c is None else c, ct, like, is_leaf=lambda x: x is None
-    )
-
-
-def has_ct(ct) -> bool:
-    """Whether `ct` holds any cotangent (not only symbolic zeros)."""
-    return any(leaf is not None for leaf in jax.tree.leaves(ct, is_leaf=lambda x: x is None))
-
-
 def pair(ct: Y, v: Y) -> Scalar:
     """`<ct, v>`: the cotangent pairing (real part, as for JAX's complex cotangents)."""
     terms = jax.tree.leaves(jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v))

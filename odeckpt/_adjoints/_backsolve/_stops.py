@@ -13,7 +13,7 @@ from ..._loop_state import LoopState
 from ..._outputs import Outputs
 from ..._steppers._base import AbstractStepper
 from ..._types import Y
-from ._problem import Problem, has_ct, zeros_for_none
+from ._problem import Problem
 
 
 class StoredStates(eqx.Module):
@@ -61,16 +61,16 @@ class DenseStops(eqx.Module):
 def output_stops(
     loop: IntegrationLoop, final: LoopState, outputs: Outputs, stored, ct: Outputs
 ) -> list[PointStops]:
-    """The stops at the saved outputs that have cotangents, and at the `stored` states."""
+    """The stops at the saved outputs (where their cotangents are not all zero) and at the
+    `stored` states."""
     stops = []
-    if loop.ts is not None and has_ct(ct.ts):
-        finite = jax.vmap(all_finite)(outputs.ts)
-        stops.append(PointStops(loop.ts, finite, zeros_for_none(ct.ts, outputs.ts), outputs.ts))
-    if outputs.steps is not None and has_ct(ct.steps.values):
+    if loop.ts is not None:
+        valid = jax.vmap(all_finite)(outputs.ts) & _nonzero(ct.ts)
+        stops.append(PointStops(loop.ts, valid, ct.ts, outputs.ts))
+    if outputs.steps is not None:
         steps = outputs.steps
-        valid = jnp.arange(loop.max_steps) < final.num_accepted
-        jump = zeros_for_none(ct.steps.values, steps.values)
-        stops.append(PointStops(steps.t, valid, jump, steps.values))
+        valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.steps.values)
+        stops.append(PointStops(steps.t, valid, ct.steps.values, steps.values))
     if stored is not None:
         stops.append(PointStops(stored.t, jnp.isfinite(stored.t), None, stored.y))
     return stops
@@ -79,13 +79,19 @@ def output_stops(
 def dense_stops(
     loop: IntegrationLoop, init: LoopState, final: LoopState, outputs: Outputs, ct: Outputs
 ) -> DenseStops | None:
-    """The stops at the dense output's step starts, if its coefficients have cotangents."""
-    if outputs.dense is None or not has_ct(ct.dense.values):
+    """The stops at the dense output's step starts (where its cotangents are not all zero)."""
+    if outputs.dense is None:
         return None
     t_ends, coeffs = outputs.dense.t, outputs.dense.values
     starts = jnp.concatenate([init.t[None], t_ends[:-1]])
-    valid = jnp.arange(loop.max_steps) < final.num_accepted
-    return DenseStops(starts, valid, t_ends, coeffs, zeros_for_none(ct.dense.values, coeffs))
+    valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.dense.values)
+    return DenseStops(starts, valid, t_ends, coeffs, ct.dense.values)
+
+
+def _nonzero(ct: Y) -> jax.Array:
+    """Whether any cotangent in `ct` is non-zero: an output nobody differentiates makes no
+    stops."""
+    return jnp.any(jnp.stack([jnp.any(leaf != 0) for leaf in jax.tree.leaves(ct)]))
 
 
 class Stops(eqx.Module):

@@ -2,9 +2,10 @@
 
 Importing this package does not import JAX: schedules are planned at trace time from static step
 counts and tested on their own. A schedule is a generator of stores run from a few integers per
-slot (`Schedule`, `Ops`), with a table of binomials of `O(c r)` entries: nothing is sized by the
-number of steps. The JAX loops of `odeckpt.checkpointing` run the same generator as they step
-and read the same table.
+slot (`Schedule`), with a table of binomials of `O(c r)` entries (`BinomialTable`): nothing is
+sized by the number of steps. Both are written against an array namespace (`Ops`): the JAX loops
+of `odeckpt.checkpointing` run the same generator as they step and read the same table with the
+same arithmetic.
 
 - `offline_schedule(n, c)`: Revolve, optimal `t(n, c)` forward steps (Griewank 1992; Griewank &
   Walther 2000, ACM TOMS 26, Algorithm 799).
@@ -17,6 +18,7 @@ and read the same table.
 """
 
 from ._binomial import (
+    BinomialTable as BinomialTable,
     binomial as binomial,
     binomial_table as binomial_table,
     optimal_cost as optimal_cost,
@@ -26,10 +28,12 @@ from ._binomial import (
 from ._multistage import (
     host_slots as host_slots,
     offload_cost as offload_cost,
+    offload_recomputations as offload_recomputations,
     segment_cost as segment_cost,
 )
 from ._offline import offline_schedule as offline_schedule
 from ._online import online_schedule as online_schedule
+from ._ops import Ops as Ops
 from ._planner import (
     DEFAULT_HOST_MEMORY_BUDGET as DEFAULT_HOST_MEMORY_BUDGET,
     DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET,
@@ -38,7 +42,7 @@ from ._planner import (
     parse_memory as parse_memory,
     plan as plan,
 )
-from ._schedule import Ops as Ops, Schedule as Schedule
+from ._schedule import Schedule as Schedule
 from ._simulate import (
     Simulation as Simulation,
     simulate as simulate,
@@ -49,6 +53,7 @@ __all__ = [
     "DEFAULT_HOST_MEMORY_BUDGET",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_MIN_CHECKPOINTS",
+    "BinomialTable",
     "Ops",
     "Plan",
     "Schedule",
@@ -58,6 +63,7 @@ __all__ = [
     "host_slots",
     "offline_schedule",
     "offload_cost",
+    "offload_recomputations",
     "online_schedule",
     "optimal_cost",
     "parse_memory",

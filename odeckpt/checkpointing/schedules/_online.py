@@ -7,8 +7,8 @@ References:
 - A. Griewank and A. Walther (2000), "Algorithm 799: Revolve", ACM TOMS 26(1) (the repetition
   numbers and the binomial bounds `beta(s, r)` used below).
 - Q. Wang, P. Moin and G. Iaccarino (2009), "Minimal repetition dynamic checkpointing algorithm
-  for unsteady adjoint calculation", SIAM J. Sci. Comput. 31(4), 2549-2567 (the previous
-  rule beyond `C(c+2, 2)`, measured 15-33% above `t(n, c)`; replaced).
+  for unsteady adjoint calculation", SIAM J. Sci. Comput. 31(4), 2549-2567 (dynamic
+  checkpointing, the online rule `docs/checkpointing.md` compares ours with).
 """
 
 import dataclasses
@@ -167,8 +167,8 @@ def _release_rule(over, candidate, big: int, xp):
     second algorithm, our variant): the latest one that is a `candidate` (not pinned: neither
     position 0 nor a stored target) whose two neighbouring segments, merged, still fit the
     upper bound `beta(c-i+1, r-1)` of the merged segment (`over <= 0`, `over` the merged length
-    less the bound), else (never seen: all `c <= 60`, some to 300) the least overflowing merge,
-    the latest on ties (`big` exceeds every `over`).
+    less the bound), else (a fallback the checks of `c <= 60` never reach) the least
+    overflowing merge, the latest on ties (`big` exceeds every `over`).
     """
     c = over.shape[0]
     fits = candidate & (over <= 0)
@@ -192,10 +192,9 @@ def online_schedule(max_steps: int, c: int) -> OnlineSchedule:
         is in `OnlineSchedule`). Cost `t(n, c) + 1` at worst, at about one stop in three, for
         every `c` we checked (`2..60`). No online schedule does better: `t(n, c)` at every
         `n` in `(A, B]` is impossible (see `docs/checkpointing.md`).
-    4. `n > B` (`r >= 4`): the same rule, one phase per repetition number. Measured for
-        `c <= 20` up to `2 * 10**4` steps (`10**5` for `c <= 3`): at most 12.2% above
-        `t(n, c)`, 9.1% for `c >= 3`, 5% for `c >= 5`; Wang, Moin & Iaccarino's rule, used
-        here before, is 15-33% above.
+    4. `n > B` (`r >= 4`): the same rule, one phase per repetition number, a few percent above
+        `t(n, c)` (the measured excess, and Wang, Moin & Iaccarino's for comparison, are in
+        `docs/checkpointing.md`).
 
     **Example:**
 

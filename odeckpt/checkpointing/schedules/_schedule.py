@@ -4,38 +4,15 @@ and the slot its state goes to, run from a state of a few integers per slot."""
 import abc
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from ._binomial import binomial_table, repetition_number
+from ._ops import NUMPY, Ops
 
 MAX_STEPS = 2**30
 """Schedules count positions in int32 (in the JAX loops): `steps` stays below this."""
-
-
-def _python_cond(pred, true_fun: Callable, false_fun: Callable, operand):
-    return true_fun(operand) if pred else false_fun(operand)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ops:
-    """What a schedule's generator computes with: an array namespace `xp`, an integer `dtype`
-    and a `cond` with the contract of `lax.cond`. NumPy and Python's `if` by default; the JAX
-    loops pass `jax.numpy`, `int32` and `lax.cond`, and run the generator as they step.
-    """
-
-    xp: Any = np
-    dtype: Any = np.int64
-    cond: Callable = _python_cond
-
-    def int(self, x):
-        """`x` as an integer array of `dtype`."""
-        return self.xp.asarray(x, self.dtype)
-
-
-NUMPY = Ops()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,8 +1,9 @@
-"""`BacksolveAdjoint`'s custom VJP: a plain forward solve that stores a few states, and a
-backward pass that solves the adjoint equations."""
+"""`BacksolveAdjoint`'s differentiation rule: a plain forward solve that stores a few states, and
+a reverse sweep that solves the adjoint equations backwards."""
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -13,9 +14,10 @@ from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
 from ..._outputs import Outputs, Writes
 from ..._status import Status
+from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractWatch, while_loop
 from ._backward import Backward, BackwardStats, solve_backwards, solve_with_forward_states
-from ._problem import Problem, has_ct, pair, zeros_for_none
+from ._problem import Problem, pair
 from ._setup import BackwardSetup
 from ._stops import Stops, StoredStates, dense_stops, output_stops
 
@@ -63,43 +65,59 @@ class _Store(AbstractWatch):
         return _Store(self.targets, stored, jnp.where(hit, passed, self.next_slot))
 
 
-def _forward(loop: IntegrationLoop, state: LoopState, outputs: Outputs, checkpoints: int | None):
+class Inputs(NamedTuple):
+    """What a backsolve run is differentiated with respect to."""
+
+    loop: IntegrationLoop
+    init: LoopState
+    outputs: Outputs
+
+
+FORWARD_MODE_ERROR = (
+    "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
+    "Fix: for jax.jvp / jax.jacfwd use adjoint='forward' (ForwardMode) or adjoint='direct' "
+    "(DirectAdjoint)."
+)
+
+
+def backsolve(inputs: Inputs, setup: BackwardSetup, checkpoints: int | None):
+    """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
+    by solving the adjoint equations backwards (forward mode raises, naming the fix)."""
+    arrays, static = eqx.partition(inputs, eqx.is_array)
+    whole = lambda arrays: eqx.combine(arrays, static)
+
+    def sweeps() -> Sweeps:
+        def forward(arrays: Inputs):
+            final, outputs, stored = _forward(whole(arrays), checkpoints)
+            return (final, outputs), (final, outputs, stored)
+
+        def reverse(arrays: Inputs, saved, ct_out, want: Inputs) -> Inputs:
+            return _reverse(whole(arrays), saved, ct_out, want, setup)
+
+        return Sweeps(forward, reverse)
+
+    primal = lambda arrays: _forward(whole(arrays), checkpoints)[:2]
+    return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
+
+
+def _forward(inputs: Inputs, checkpoints: int | None):
     """The plain forward solve, storing `checkpoints` step-end states on the way."""
+    loop, state, outputs = inputs
     store = None if checkpoints is None else _Store.make(checkpoints, state, loop.t_end)
     final, outputs, store = while_loop(loop, state, outputs, store)
     return final, outputs, None if store is None else store.stored
 
 
-@eqx.filter_custom_vjp
-def backsolve(inputs, setup: BackwardSetup, checkpoints: int | None):
-    """`(final state, outputs)` of the loop run from `inputs = (loop, state, outputs)`,
-    differentiated by solving the adjoint equations backwards."""
-    loop, state, outputs = inputs
-    final, outputs, _ = _forward(loop, state, outputs, checkpoints)
-    return final, outputs
-
-
-@backsolve.def_fwd
-def _backsolve_fwd(perturbed, inputs, setup: BackwardSetup, checkpoints: int | None):
-    del perturbed
-    loop, state, outputs = inputs
-    final, outputs, stored = _forward(loop, state, outputs, checkpoints)
-    return (final, outputs), (final, outputs, stored)
-
-
-@backsolve.def_bwd
-def _backsolve_bwd(residuals, ct, perturbed, inputs, setup: BackwardSetup, checkpoints):
-    del checkpoints
-    final, outputs, stored = residuals
+def _reverse(inputs: Inputs, saved, ct_out, want: Inputs, setup: BackwardSetup) -> Inputs:
+    """The cotangents of `inputs` from those of the final state and the outputs."""
+    final, outputs, stored = saved
     loop, init, _ = inputs
-    ct_final, ct_outputs = ct
-    none = lambda tree: jax.tree.map(lambda _: None, tree)
-    ct_outputs = none(outputs) if ct_outputs is None else ct_outputs
-    ct_final = none(final) if ct_final is None else ct_final
-    p_loop, p_init, _ = perturbed
-    diff, nondiff = eqx.partition((loop.f, loop.args), (p_loop.f, p_loop.args))
+    ct_final, ct_outputs = ct_out
+    empty = lambda tree: jax.tree.map(lambda _: None, tree)
+    diff, nondiff = eqx.partition((loop.f, loop.args), eqx.is_inexact_array)
+    if not want.loop:
+        diff, nondiff = empty(diff), (loop.f, loop.args)
     problem = Problem(nondiff)
-    ct_y1 = zeros_for_none(ct_final.y, final.y)
     kinds = output_stops(loop, final, outputs, stored, ct_outputs)
     if setup.reconstruct_forward:
         kinds = [kind for kind in kinds if kind.jump_a is not None]
@@ -108,22 +126,20 @@ def _backsolve_bwd(residuals, ct, perturbed, inputs, setup: BackwardSetup, check
     backward = Backward(setup, loop, init, final, problem, diff, stops)
     g = jax.tree.map(jnp.zeros_like, diff)
     if setup.reconstruct_forward:
-        (a, g), stats = solve_with_forward_states(backward, stored, (ct_y1, g))
+        (a, g), stats = solve_with_forward_states(backward, stored, (ct_final.y, g))
     else:
-        (a, g), stats = solve_backwards(backward, (final.y, ct_y1, g))
+        (a, g), stats = solve_backwards(backward, (final.y, ct_final.y, g))
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
     a, g = _checked(loop, final, stats, (a, g))
     g_f, g_args = g
     grad_loop = dataclasses.replace(
-        none(loop), f=g_f, args=g_args, t_end=_ct_t_end(p_loop, problem, diff, final, ct_final),
-        ts=_ct_ts(loop, p_loop, problem, diff, outputs, ct_outputs),
+        empty(loop), f=g_f, args=g_args, t_end=_ct_t_end(problem, diff, final, ct_final),
+        ts=_ct_ts(loop, problem, diff, outputs, ct_outputs),
     )  # fmt: skip
-    ct_t0 = None
-    if p_init.t:
-        ct_t0 = -pair(a, problem.f(init.t, init.y, diff)).astype(init.t.dtype)
-    grad_init = dataclasses.replace(none(init), y=a, t=ct_t0)
-    return grad_loop, grad_init, none(inputs[2])
+    ct_t0 = -pair(a, problem.f(init.t, init.y, diff)).astype(init.t.dtype)
+    grad_init = dataclasses.replace(empty(init), y=a, t=ct_t0)
+    return Inputs(grad_loop, grad_init, None)
 
 
 def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g):
@@ -137,22 +153,18 @@ def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g)
     return jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), a_g)
 
 
-def _ct_t_end(p_loop, problem: Problem, diff, final: LoopState, ct_final):
-    """`dL/dt1 = <dL/dy(t1), f(t1, y(t1))>` (plus the cotangent of the final time itself)."""
-    if not p_loop.t_end:
-        return None
-    ct_y1 = zeros_for_none(ct_final.y, final.y)
-    ct = pair(ct_y1, problem.f(final.t, final.y, diff)).astype(final.t.dtype)
-    return ct if ct_final.t is None else ct + ct_final.t
+def _ct_t_end(problem: Problem, diff, final: LoopState, ct_final):
+    """`dL/dt1 = <dL/dy(t1), f(t1, y(t1))>`, plus the cotangent of the final time itself."""
+    ct = pair(ct_final.y, problem.f(final.t, final.y, diff)).astype(final.t.dtype)
+    return ct + ct_final.t
 
 
-def _ct_ts(loop: IntegrationLoop, p_loop, problem: Problem, diff, outputs: Outputs, ct: Outputs):
+def _ct_ts(loop: IntegrationLoop, problem: Problem, diff, outputs: Outputs, ct: Outputs):
     """`dL/dts_i = <dL/dy(ts_i), f(ts_i, y(ts_i))>` for the save times (0 for unreached ones)."""
-    if loop.ts is None or not p_loop.ts or not has_ct(ct.ts):
+    if loop.ts is None:
         return None
-    ct_ys = zeros_for_none(ct.ts, outputs.ts)
     rate = lambda t, y, c: pair(c, problem.f(t, y, diff))
-    values = jax.vmap(rate)(loop.ts, outputs.ts, ct_ys).astype(loop.ts.dtype)
+    values = jax.vmap(rate)(loop.ts, outputs.ts, ct.ts).astype(loop.ts.dtype)
     return jnp.where(jax.vmap(all_finite)(outputs.ts), values, 0)
 
 
