@@ -207,4 +207,3 @@ class DirectAdjoint(AbstractCheckpointedAdjoint):
     def plan(self, form):
         # A snapshot slot for every step: the engine then stores every state, never advances.
         return form.plan(max_steps=form.loop.max_steps, checkpoints=form.loop.max_steps)
-

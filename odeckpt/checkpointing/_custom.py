@@ -80,7 +80,7 @@ def differentiable(
 
     def jvp(primals, tangents):
         (inputs,), (tangents,) = primals, tangents
-        # Inputs nobody differentiates (a constant `xs`, closed-over constants) get no
+        # LoopInputs nobody differentiates (a constant `xs`, closed-over constants) get no
         # tangent, so the transpose builds no cotangent for them.
         is_zero = lambda t: isinstance(t, SymbolicZero)
         tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)

@@ -88,7 +88,7 @@ class EngineLoop:
         return going if self.cond is None else going & any_lane(pred)
 
 
-class Inputs(NamedTuple):
+class LoopInputs(NamedTuple):
     """The inputs a run of an `EngineLoop` is differentiated with respect to: `params`, the
     initial state `init`, the per-step inputs `xs` (leading axis `steps`, or `None`) and the
     initial contents of the output `buffers`. Also their cotangents, and (as bools) which of
@@ -151,7 +151,7 @@ def step_forward(loop: EngineLoop, params, xs, carry):
     )  # fmt: skip
 
 
-def forward(loop: EngineLoop, inputs: Inputs, schedule: Schedule | None):
+def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
     """Run the loop; with a `schedule`, store snapshots as it says.
 
     Returns `((state, buffers), saved)`, `saved` the `Snapshots` (`None` without a schedule).
@@ -194,7 +194,7 @@ class Reversal(NamedTuple):
     - `cur`: the position of the state in hand, `held` (`-1`: none, restore a snapshot).
     - `k`, `stack`: `stack[:k]` are the stored positions, sorted.
     - `snaps`: the snapshot slots.
-    - `cts`: the cotangents (`Inputs`): of the state after step `end - 1` (`init`), and
+    - `cts`: the cotangents (`LoopInputs`): of the state after step `end - 1` (`init`), and
         those accumulated for `params`, `xs` and the buffers.
     """
 
@@ -204,7 +204,7 @@ class Reversal(NamedTuple):
     stack: jax.Array
     held: Any
     snaps: Any
-    cts: Inputs
+    cts: LoopInputs
 
 
 class _Advance(NamedTuple):
@@ -219,9 +219,9 @@ class _Advance(NamedTuple):
 
 
 def reverse(
-    loop: EngineLoop, inputs: Inputs, saved: Snapshots, ct_out, checkpoints: int,
-    binomials: np.ndarray | None, want: Inputs,
-) -> Inputs:  # fmt: skip
+    loop: EngineLoop, inputs: LoopInputs, saved: Snapshots, ct_out, checkpoints: int,
+    binomials: np.ndarray | None, want: LoopInputs,
+) -> LoopInputs:  # fmt: skip
     """Replay the schedule backwards from the snapshots; returns the cotangents of `inputs`
     (inexact leaves, `None` elsewhere, and `None` for `params` and `xs` unless `want`ed:
     no `[n, ...]` buffer for constant `xs`), `buffers` the cotangent of the initial buffer
@@ -239,19 +239,19 @@ def reverse(
     return lax.while_loop(lambda carry: carry.end > 0, body, carry).cts
 
 
-def initial_cotangents(inputs: Inputs, ct_out, want: Inputs) -> Inputs:
+def initial_cotangents(inputs: LoopInputs, ct_out, want: LoopInputs) -> LoopInputs:
     """The reverse sweep's cotangents before it starts: those of the final state and buffers
     (`ct_out`), and zeros for the inexact leaves of `params` and `xs` where wanted."""
     ct_state, ct_buffers = _tree.split_inexact(ct_out)[0]
     zeros = lambda tree: _tree.zeros_like(_tree.split_inexact(tree)[0])
     ct_params = zeros(inputs.params) if want.params else None
     ct_xs = None if inputs.xs is None or not want.xs else zeros(inputs.xs)
-    return Inputs(ct_params, ct_state, ct_xs, ct_buffers)
+    return LoopInputs(ct_params, ct_state, ct_xs, ct_buffers)
 
 
 def reverse_body(
-    loop: EngineLoop, inputs: Inputs, tape, c: int, binomials: np.ndarray | None, perm,
-    want: Inputs,
+    loop: EngineLoop, inputs: LoopInputs, tape, c: int, binomials: np.ndarray | None, perm,
+    want: LoopInputs,
 ) -> Callable[[Reversal], Reversal]:  # fmt: skip
     """One iteration of the reverse sweep, which reverses one step: restore the top snapshot
     unless the state before step `end - 1` is in hand (`cur = end - 1`: the first iteration),
@@ -297,13 +297,13 @@ def reverse_body(
     return body
 
 
-def _vjp_step(loop: EngineLoop, inputs: Inputs, tape, want: Inputs):
+def _vjp_step(loop: EngineLoop, inputs: LoopInputs, tape, want: LoopInputs):
     """`vjp_step(i, state, cts) -> cts`: the cotangents after reversing step `i` from `state`.
 
     Only the inexact leaves are differentiated, and `params` and `xs` only where wanted."""
     params_f, params_rest = _tree.split_inexact(inputs.params)
 
-    def vjp_step(i, state, cts: Inputs) -> Inputs:
+    def vjp_step(i, state, cts: LoopInputs) -> LoopInputs:
         state_f, state_rest = _tree.split_inexact(state)
         x_f, x_rest = _tree.split_inexact(x_at(inputs.xs, i))
 
@@ -320,7 +320,7 @@ def _vjp_step(loop: EngineLoop, inputs: Inputs, tape, want: Inputs):
         diff = (params_f if want.params else None, state_f, x_f if want.xs else None)
         _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
         ct_p, ct_s, ct_x = vjp_fn((cts.init, _tree.gather(cts.buffers, idx)))
-        return Inputs(
+        return LoopInputs(
             params=_tree.add(cts.params, ct_p) if want.params else cts.params,
             init=ct_s,
             xs=None if cts.xs is None else _tree.update(cts.xs, ct_x, i),

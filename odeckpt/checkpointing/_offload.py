@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from . import _host, _tree
-from ._loop import EngineLoop, Inputs, Reversal, initial_cotangents, reverse_body, step_forward
+from ._loop import EngineLoop, LoopInputs, Reversal, initial_cotangents, reverse_body, step_forward
 
 _INT = jnp.int32
 
@@ -57,7 +57,7 @@ class _Steps(NamedTuple):
     tape: Any
 
 
-def forward(loop: EngineLoop, inputs: Inputs, segment: int, slots: int):
+def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
     """Run the loop, storing the state at positions `0, segment, 2 segment, ...` in host memory
     (`slots` snapshots). Returns `((state, buffers), saved)`, `saved` the `HostSnapshots`."""
     params, init, xs, buffers = inputs
@@ -89,13 +89,13 @@ class _SegmentReversal(NamedTuple):
     j: jax.Array
     held: Any
     snaps: Any
-    cts: Inputs
+    cts: LoopInputs
 
 
 def reverse(
-    loop: EngineLoop, inputs: Inputs, saved: HostSnapshots, ct_out, segment: int,
-    checkpoints: int, binomials: np.ndarray | None, want: Inputs,
-) -> Inputs:  # fmt: skip
+    loop: EngineLoop, inputs: LoopInputs, saved: HostSnapshots, ct_out, segment: int,
+    checkpoints: int, binomials: np.ndarray | None, want: LoopInputs,
+) -> LoopInputs:  # fmt: skip
     """Reverse the segments last to first: copy the segment's start from the host into device
     slot 0, then run the single-level reverse sweep down to it with `checkpoints` device slots
     and Revolve's `binomials` for one segment (`None` for one-step segments: no advance).

@@ -16,12 +16,12 @@ from jax import lax
 
 from . import _loop, _offload, _tree
 from ._custom import Sweeps, differentiable
-from ._loop import EngineLoop, Inputs
+from ._loop import EngineLoop, LoopInputs
 from ._vmap import any_lane
 from .schedules import Plan
 
 
-def run(loop: EngineLoop, make_plan: Callable[[], Plan], inputs: Inputs):
+def run(loop: EngineLoop, make_plan: Callable[[], Plan], inputs: LoopInputs):
     """Run `loop` on `inputs`, returning `(state, buffers)`, differentiable in both modes as
     the plan says; `make_plan()` makes it, and is called only when the run is differentiated.
     """
@@ -93,14 +93,14 @@ def _offloaded(loop: EngineLoop, plan: Plan) -> Sweeps:
 def _residuals(loop: EngineLoop) -> Sweeps:
     """The VJP residuals of every step: `jax.vjp` of a masked `lax.scan`."""
 
-    def forward(inputs: Inputs):
+    def forward(inputs: LoopInputs):
         masked = lambda params, init, buffers: _masked_scan(loop, params, init, buffers)
         return jax.vjp(masked, inputs.params, inputs.init, inputs.buffers)
 
-    def reverse(inputs: Inputs, vjp_fn, ct_out, want: Inputs) -> Inputs:
+    def reverse(inputs: LoopInputs, vjp_fn, ct_out, want: LoopInputs) -> LoopInputs:
         del inputs, want
         ct_params, ct_init, ct_buffers = _tree.split_inexact(vjp_fn(ct_out))[0]
-        return Inputs(ct_params, ct_init, None, ct_buffers)
+        return LoopInputs(ct_params, ct_init, None, ct_buffers)
 
     return Sweeps(forward, reverse)
 

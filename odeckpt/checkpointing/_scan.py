@@ -11,7 +11,7 @@ from jax import lax
 
 from . import _host, _tree, schedules
 from ._custom import convert
-from ._loop import EngineLoop, Inputs, Stepped
+from ._loop import EngineLoop, LoopInputs, Stepped
 from ._regimes import check_plan, run
 from .schedules import Plan
 
@@ -176,4 +176,4 @@ def checkpointed_scan(
         return Stepped(state, i[None], jtu.tree_map(lambda a: a[None], y), None)
 
     buffers = _tree.stack_zeros(y_struct, n)
-    return run(EngineLoop(step, None, n), lambda: plan, Inputs(params, init, xs, buffers))
+    return run(EngineLoop(step, None, n), lambda: plan, LoopInputs(params, init, xs, buffers))

@@ -7,7 +7,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _host, _tree, schedules
-from ._loop import EngineLoop, Inputs
+from ._loop import EngineLoop, LoopInputs
 from ._regimes import check_plan, run
 from ._while_body import (
     check_max_steps,
@@ -227,5 +227,5 @@ def bounded_while_loop(
         make_plan = lambda: _sized_plan(loop, params, init_val, snapshot_bytes, budget)
     else:
         make_plan = lambda: unsized
-    val, buffers = run(loop, make_plan, Inputs(params, init_val, None, outputs))
+    val, buffers = run(loop, make_plan, LoopInputs(params, init_val, None, outputs))
     return val if outputs is None else (val, buffers)

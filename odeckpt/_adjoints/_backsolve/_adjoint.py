@@ -14,7 +14,7 @@ from ..._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
 from ..._steppers._rosenbrock import AbstractRosenbrock
 from ..._validate import count
 from .._base import AbstractAdjoint, GradientStats, RunResult
-from ._gradient import Inputs, backsolve
+from ._gradient import BacksolveInputs, backsolve
 from ._setup import BackwardSetup
 
 
@@ -123,7 +123,7 @@ class BacksolveAdjoint(AbstractAdjoint):
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat))
         checkpoints = None if self.checkpoints is None else int(self.checkpoints)
-        final, outputs = backsolve(Inputs(loop, state, outputs), setup, checkpoints)
+        final, outputs = backsolve(BacksolveInputs(loop, state, outputs), setup, checkpoints)
         num_checkpoints = jnp.asarray(checkpoints or 0, jnp.int32)
         return RunResult(final, outputs, GradientStats(num_checkpoints, jnp.zeros((), jnp.int32)))
 
@@ -146,9 +146,9 @@ class BacksolveAdjoint(AbstractAdjoint):
             self.reconstruct == "auto" and isinstance(stepper, AbstractESDIRK | AbstractRosenbrock)
         )
         # The forward re-solves run at the backward tolerances when they can adapt.
-        resolve = loop.controller if loop.stepper.error_order is None else controller
+        window_controller = loop.controller if loop.stepper.error_order is None else controller
         return BackwardSetup(
-            stepper=stepper, controller=controller, resolve_controller=resolve,
+            stepper=stepper, controller=controller, window_controller=window_controller,
             seminorm=self.seminorm, reconstruct_forward=forward, window=self.window,
             on_backward=self.on_backward,
         )  # fmt: skip
@@ -192,4 +192,3 @@ def _check_callback(on_backward) -> None:
 def _flags_only(saveat: SaveAt) -> SaveAt:
     """`saveat` without its `ts` array: the loop reads `loop.ts`, and only the flags here."""
     return SaveAt(t1=True, steps=saveat.steps, dense=saveat.dense)
-

@@ -27,7 +27,7 @@ class BackwardStats(eqx.Module):
     succeeded: BoolScalar
     num_accepted: IntScalar
     num_rejected: IntScalar
-    num_resolves: IntScalar
+    num_window_solves: IntScalar
 
     @classmethod
     def none(cls) -> "BackwardStats":
@@ -39,7 +39,7 @@ class BackwardStats(eqx.Module):
             succeeded=self.succeeded & other.succeeded,
             num_accepted=self.num_accepted + other.num_accepted,
             num_rejected=self.num_rejected + other.num_rejected,
-            num_resolves=self.num_resolves + other.num_resolves,
+            num_window_solves=self.num_window_solves + other.num_window_solves,
         )
 
 
@@ -154,8 +154,8 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
                                             a_g, dt)  # fmt: skip
         reached = tau_end <= tau_stop
         _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
-        resolved = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
-        return i + reached, tau_end, (a, g), dt, window, stats.add(segment).add(resolved)
+        window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
+        return i + reached, tau_end, (a, g), dt, window, stats.add(segment).add(window_stats)
 
     tau1 = final.t
     window = Window.empty(setup.window_loop(loop, problem, diff, tau1), tau1, final.y,

@@ -65,7 +65,7 @@ class _Store(AbstractWatch):
         return _Store(self.targets, stored, jnp.where(hit, passed, self.next_slot))
 
 
-class Inputs(NamedTuple):
+class BacksolveInputs(NamedTuple):
     """What a backsolve run is differentiated with respect to."""
 
     loop: IntegrationLoop
@@ -80,18 +80,20 @@ FORWARD_MODE_ERROR = (
 )
 
 
-def backsolve(inputs: Inputs, setup: BackwardSetup, checkpoints: int | None):
+def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, checkpoints: int | None):
     """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
     by solving the adjoint equations backwards (forward mode raises, naming the fix)."""
     arrays, static = eqx.partition(inputs, eqx.is_array)
     whole = lambda arrays: eqx.combine(arrays, static)
 
     def sweeps() -> Sweeps:
-        def forward(arrays: Inputs):
+        def forward(arrays: BacksolveInputs):
             final, outputs, stored = _forward(whole(arrays), checkpoints)
             return (final, outputs), (final, outputs, stored)
 
-        def reverse(arrays: Inputs, saved, ct_out, want: Inputs) -> Inputs:
+        def reverse(
+            arrays: BacksolveInputs, saved, ct_out, want: BacksolveInputs
+        ) -> BacksolveInputs:
             return _reverse(whole(arrays), saved, ct_out, want, setup)
 
         return Sweeps(forward, reverse)
@@ -100,7 +102,7 @@ def backsolve(inputs: Inputs, setup: BackwardSetup, checkpoints: int | None):
     return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
 
 
-def _forward(inputs: Inputs, checkpoints: int | None):
+def _forward(inputs: BacksolveInputs, checkpoints: int | None):
     """The plain forward solve, storing `checkpoints` step-end states on the way."""
     loop, state, outputs = inputs
     store = None if checkpoints is None else _Store.make(checkpoints, state, loop.t_end)
@@ -108,7 +110,9 @@ def _forward(inputs: Inputs, checkpoints: int | None):
     return final, outputs, None if store is None else store.stored
 
 
-def _reverse(inputs: Inputs, saved, ct_out, want: Inputs, setup: BackwardSetup) -> Inputs:
+def _reverse(
+    inputs: BacksolveInputs, saved, ct_out, want: BacksolveInputs, setup: BackwardSetup
+) -> BacksolveInputs:
     """The cotangents of `inputs` from those of the final state and the outputs."""
     final, outputs, stored = saved
     loop, init, _ = inputs
@@ -139,7 +143,7 @@ def _reverse(inputs: Inputs, saved, ct_out, want: Inputs, setup: BackwardSetup) 
     )  # fmt: skip
     ct_t0 = -pair(a, problem.f(init.t, init.y, diff)).astype(init.t.dtype)
     grad_init = dataclasses.replace(empty(init), y=a, t=ct_t0)
-    return Inputs(grad_loop, grad_init, None)
+    return BacksolveInputs(grad_loop, grad_init, None)
 
 
 def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g):
@@ -179,7 +183,7 @@ def _report(on_backward: Callable[[dict], None], stats: BackwardStats) -> None:
                 "num_backward_steps": accepted + rejected,
                 "num_accepted_backward_steps": accepted,
                 "num_rejected_backward_steps": rejected,
-                "num_forward_resolves": stats.num_resolves.item(),
+                "num_forward_resolves": stats.num_window_solves.item(),
                 "succeeded": stats.succeeded.item(),
             }
         )

@@ -22,13 +22,13 @@ class BackwardSetup(eqx.Module):
     - `reconstruct_forward`: read `y(t)` from forward re-solves instead of integrating it
         backwards.
     - `window`: steps of dense output a forward re-solve keeps.
-    - `resolve_controller`: the controller of the forward re-solves.
+    - `window_controller`: the controller of the forward re-solves of windows.
     - `on_backward`: the user's callback for the backward solve's statistics, or `None`.
     """
 
     stepper: AbstractStepper
     controller: AbstractController
-    resolve_controller: AbstractController
+    window_controller: AbstractController
     seminorm: bool = eqx.field(static=True)
     reconstruct_forward: bool = eqx.field(static=True)
     window: int = eqx.field(static=True)
@@ -50,7 +50,7 @@ class BackwardSetup(eqx.Module):
             f=problem.f,
             args=diff,
             stepper=loop.stepper,
-            controller=self.resolve_controller,
+            controller=self.window_controller,
             t_end=t_end,
             ts=None,
             saveat=SaveAt(dense=True),

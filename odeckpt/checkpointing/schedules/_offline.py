@@ -16,7 +16,7 @@ from ._binomial import _check, split
 from ._schedule import NUMPY, Ops, Schedule
 
 
-class Next(NamedTuple):
+class OfflineStore(NamedTuple):
     """The next store of an offline schedule: `stored[slot]`, in `slot`."""
 
     position: Any
@@ -31,15 +31,15 @@ class OfflineSchedule(Schedule):
     stored: tuple[int, ...]
     online: ClassVar[bool] = False
 
-    def start(self, ops: Ops = NUMPY) -> Next:
+    def start(self, ops: Ops = NUMPY) -> OfflineStore:
         return self._store(ops.int(1), ops)
 
-    def advance(self, state: Next, ops: Ops = NUMPY) -> Next:
+    def advance(self, state: OfflineStore, ops: Ops = NUMPY) -> OfflineStore:
         return self._store(state.slot + 1, ops)
 
-    def _store(self, slot, ops: Ops) -> Next:
+    def _store(self, slot, ops: Ops) -> OfflineStore:
         positions = ops.int((*self.stored, self.steps))  # past the last: none
-        return Next(positions[ops.xp.minimum(slot, len(self.stored))], slot)
+        return OfflineStore(positions[ops.xp.minimum(slot, len(self.stored))], slot)
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ from ._binomial import _check, binomial
 from ._schedule import NUMPY, Ops, Schedule
 
 
-class Next(NamedTuple):
+class OnlineStore(NamedTuple):
     """The next store of an online schedule, and what the one after it depends on.
 
     - `position`, `slot`: the store (`position >= steps`: none).
@@ -70,16 +70,16 @@ class OnlineSchedule(Schedule):
         """Whether the schedule reaches the phases `r >= 3` (beyond `C(c+2, 2)` steps)."""
         return self.checkpoints >= 2 and self.steps > binomial(self.checkpoints, 2)
 
-    def start(self, ops: Ops = NUMPY) -> Next:
+    def start(self, ops: Ops = NUMPY) -> OnlineStore:
         c = self.checkpoints
         first, zero = ops.int(1 if c >= 2 else self.steps), ops.int(0)
         rule = (None,) * 6
         if self.later_phases:
             held = ops.int(np.zeros(c))
             rule = (zero, zero, zero, held, held, ops.xp.asarray(np.zeros(c, bool)))
-        return Next(first, ops.int(1), ops.int(c), zero, ops.int(2), *rule)
+        return OnlineStore(first, ops.int(1), ops.int(c), zero, ops.int(2), *rule)
 
-    def advance(self, state: Next, ops: Ops = NUMPY) -> Next:
+    def advance(self, state: OnlineStore, ops: Ops = NUMPY) -> OnlineStore:
         in_rounds = lambda state: self._in_rounds(state, ops)
         if not self.later_phases:
             return in_rounds(state)
@@ -89,7 +89,7 @@ class OnlineSchedule(Schedule):
         third = lambda state: self.phase_start(ops.int(3), ops)
         return ops.cond((state.phase == 2) & (state.round == 0), third, lambda s: s, state)
 
-    def _in_rounds(self, state: Next, ops: Ops) -> Next:
+    def _in_rounds(self, state: OnlineStore, ops: Ops) -> OnlineStore:
         """Phases 1-2: fill slots `1..c-1`, then rounds `o = c-1, ..., 1`, each skipping one
         position and storing `o` (slots `o, 1, ..., o-1`)."""
         xp, c = ops.xp, self.checkpoints
@@ -105,7 +105,7 @@ class OnlineSchedule(Schedule):
         return state._replace(position=ops.int(q), slot=ops.int(slot), round=ops.int(o),
                               index=ops.int(m))  # fmt: skip
 
-    def phase_start(self, r, ops: Ops = NUMPY) -> Next:
+    def phase_start(self, r, ops: Ops = NUMPY) -> OnlineStore:
         """The state at the first store of phase `r >= 3`. Before it, the held positions are
         the targets of phase `r - 1`, `P_k = sum_{j<k} beta(c-j, r-2)`, in the slots where the
         rounds leave them at `r = 3`. (The slots are labels the rule carries along: for a
@@ -117,11 +117,11 @@ class OnlineSchedule(Schedule):
         held = xp.cumsum(xp.where(j == 0, 0, table[c + 1 - j, r - 2]))
         slots = xp.where(j == 0, 0, c - j)
         zero = ops.int(0)
-        state = Next(zero, zero, zero, zero, ops.int(r), zero, ops.int(table[c, r - 1]),
+        state = OnlineStore(zero, zero, zero, zero, ops.int(r), zero, ops.int(table[c, r - 1]),
                      ops.int(1), ops.int(held), ops.int(slots), j == 0)  # fmt: skip
         return self._pending(state, ops)
 
-    def _pending(self, state: Next, ops: Ops) -> Next:
+    def _pending(self, state: OnlineStore, ops: Ops) -> OnlineStore:
         """The next store of the rule (`_release_rule`) from the held positions."""
         xp, c, r = ops.xp, self.checkpoints, state.phase
         table = ops.int(self.binomials)
@@ -136,7 +136,7 @@ class OnlineSchedule(Schedule):
         return state._replace(position=ops.int(q), slot=state.slots[release],
                               release=ops.int(release))  # fmt: skip
 
-    def _apply(self, state: Next, ops: Ops) -> Next:
+    def _apply(self, state: OnlineStore, ops: Ops) -> OnlineStore:
         """`state` after its store: the released snapshot leaves `held`, the new one joins it
         at the end, pinned if it is the target; a stored target moves the target on, and the
         last one of the phase starts the next phase."""
