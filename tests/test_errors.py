@@ -37,6 +37,17 @@ y0 = jnp.ones(3)
         (dict(t_span=(0.0,)), ValueError, "pair"),
         (dict(t_span=(jnp.zeros(2), 1.0)), ValueError, "scalars"),
         (dict(controller="pid"), TypeError, "PIDController"),
+        (dict(t_span=(jnp.nan, 1.0)), ValueError, "t0 is NaN or inf"),
+        (dict(t_span=(0.0, float("nan"))), ValueError, "t1 is NaN or inf"),
+        (dict(t_span=(0.0, np.inf)), ValueError, "t1 is NaN or inf"),
+        (dict(saveat=jnp.array([0.2, jnp.nan])), ValueError, "must be finite"),
+        (dict(y0=jnp.ones(3, jnp.float16)), TypeError, "float16, too coarse"),
+        (dict(y0=jnp.ones(3, jnp.bfloat16)), TypeError, "bfloat16, too coarse"),
+        (dict(rtol="1e-6"), TypeError, "must be a real number. Fix: pass e.g. rtol=1e-6"),
+        (dict(atol="x"), TypeError, "must be a real number"),
+        (dict(dt0="0.1"), TypeError, "must be a real number. Fix: pass e.g. dt0="),
+        (dict(rtol=np.array([1e-6, 1e-6])), ValueError, "must be a scalar"),
+        (dict(dt0=float("nan")), ValueError, "dt0=nan is not finite"),
     ],
 )
 def test_bad_input(kwargs, error, match):
@@ -44,6 +55,22 @@ def test_bad_input(kwargs, error, match):
     f, state, t_span = call.pop("f"), call.pop("y0"), call.pop("t_span")
     with pytest.raises(error, match=match):
         odeckpt.solve(f, state, t_span, **call)
+
+
+def test_numpy_integers_are_counts():
+    sol = odeckpt.solve(
+        decay, y0, (0.0, 1.0), max_steps=np.int64(100),
+        adjoint=odeckpt.RecursiveCheckpointAdjoint(checkpoints=np.int32(4)),
+    )  # fmt: skip
+    assert sol.status == odeckpt.Status.successful
+    assert int(sol.stats.num_checkpoints) == 4
+
+
+def test_traced_nan_dt0_names_the_fix():
+    solve = jax.jit(lambda dt: odeckpt.solve(decay, y0, (0.0, 1.0), dt0=dt).ys)
+    with pytest.raises(Exception, match="dt0 must be finite") as error:
+        solve(jnp.nan)
+    assert "points away" not in str(error.value)
 
 
 def test_traced_bad_input_raises_at_run_time():
