@@ -1,3 +1,6 @@
+import os
+import pathlib
+
 import jax
 from hypothesis import settings
 
@@ -7,3 +10,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # The same examples on every run, so that CI is reproducible.
 settings.register_profile("deterministic", derandomize=True)
 settings.load_profile("deterministic")
+
+# Scripts the tests run in subprocesses import the checkout under test, installed or not.
+_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
