@@ -45,6 +45,10 @@ class AbstractController(eqx.Module):
     ```
     """
 
+    judges_error: eqx.AbstractClassVar[bool]
+    """Whether `adapt` reads the error estimate, and then returns `finite=False` and rejects the
+    step when it is NaN or inf."""
+
     @abc.abstractmethod
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         """Raise (naming the fix) if this controller cannot drive `stepper` with `dt0`."""
@@ -103,6 +107,8 @@ class ConstantStep(AbstractController):
                         dt0=0.01)
     ```
     """
+
+    judges_error = False
 
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         if dt0 is None:
@@ -163,6 +169,8 @@ class PIDController(AbstractController):
     **References:** G. Söderlind, "Digital filters in adaptive time-stepping", ACM TOMS 29 (2003);
     Hairer, Nørsett & Wanner, *Solving ODEs I*, section II.4.
     """
+
+    judges_error = True
 
     rtol: float | None = None
     atol: float | None = None
@@ -242,8 +250,8 @@ class PIDController(AbstractController):
         # the steps taken, the same for every adjoint, and free of the controller's
         # ill-conditioned feedback.
         error = jax.lax.stop_gradient(_rms(y_error, scale).astype(t0.dtype))
-        # A non-finite stage makes both y1 and its error estimate non-finite, so the error norm
-        # alone detects a non-finite step (y0 is finite).
+        # The loop folds non-finite components of y1 and f(t1, y1) into y_error (see
+        # `IntegrationLoop.step`), so the error norm alone detects a non-finite step.
         finite = jnp.isfinite(error)
         if accept is None:
             accept = finite & (error <= 1)

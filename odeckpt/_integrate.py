@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._checks import all_finite
-from ._controllers import AbstractController, Decision
+from ._checks import all_finite, with_nonfinite
+from ._controllers import AbstractController
 from ._dense import polynomial
 from ._landing import lands, next_stop, saves_in_step, saves_per_step
 from ._loop_state import LoopState, StepRecord, failure_status
@@ -70,17 +70,30 @@ class IntegrationLoop(eqx.Module):
         t0 = state.t
         t1, clipped = self._step_end(state, None if recorded is None else recorded.clipped)
         step = self.stepper.step(self.f, t0, t1, state.y, self.args, state.stepper_state)
+        # A NaN or inf in any stage shows in the new state, its derivative (the next step's
+        # first stage) or the error estimate; folded into the error estimate, the controller's
+        # norm of it checks all three.
+        f1 = self.stepper.derivative(step.state)
+        folded = self._folds_checks(step)
+        y_error = with_nonfinite(step.y_error, step.y1, f1) if folded else step.y_error
         decision = self.controller.adapt(
-            t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper,
+            t0, t1, state.dt, state.y, step.y1, y_error, self.stepper,
             state.controller_state, clipped=clipped,
             accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
         )  # fmt: skip
-        verdict = self._verdict(step, decision) if recorded is None else recorded.verdict
-        # A step that could not be completed (Newton did not converge, or something in it is
-        # NaN or inf) is rejected and retried shorter, whatever its error estimate says.
-        incomplete = verdict >= StepRecord.newton_failed
-        retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
-        decision = jax.tree.map(lambda a, b: jnp.where(incomplete, a, b), retry, decision)
+        if recorded is None:
+            finite = decision.finite if folded else all_finite((step.y1, f1))
+            verdict = self._verdict(step, decision.accept, finite)
+        else:
+            verdict = recorded.verdict
+        if step.failed is not None or step.nonfinite is not None or not folded:
+            # A step that could not be completed (Newton did not converge, or something in it
+            # is NaN or inf where the controller does not look) is rejected and retried
+            # shorter, whatever its error estimate says. (Otherwise the controller has
+            # rejected a non-finite step already.)
+            incomplete = verdict >= StepRecord.newton_failed
+            retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
+            decision = jax.tree.map(lambda a, b: jnp.where(incomplete, a, b), retry, decision)
         accept = decision.accept
         next_dt = decision.next_dt if recorded is None else recorded.next_dt
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
@@ -111,14 +124,17 @@ class IntegrationLoop(eqx.Module):
             StepRecord.make(verdict, clipped, next_dt),
         )
 
-    def _verdict(self, step: Step, decision: Decision) -> Array:
-        """The `StepRecord` verdict on an attempted step: `nonfinite` if its error estimate, its
-        new state or the derivative there (`f(t1, y1)`, the next step's first stage) is NaN or
-        inf, which a NaN or inf in any stage makes them."""
-        finite = decision.finite & all_finite((step.y1, self.stepper.derivative(step.state)))
+    def _folds_checks(self, step: Step) -> bool:
+        """Whether the finiteness checks of a step ride on the controller's error norm."""
+        return self.controller.judges_error and step.y_error is not None
+
+    def _verdict(self, step: Step, accept: Array, finite: Array) -> Array:
+        """The `StepRecord` verdict on an attempted step: `nonfinite` unless `finite` (its error
+        estimate, its new state and the derivative there are finite) and the stepper's own
+        solves met no NaN or inf."""
         if step.nonfinite is not None:
             finite = finite & ~step.nonfinite
-        verdict = jnp.where(decision.accept, StepRecord.accepted, StepRecord.rejected)
+        verdict = jnp.where(accept, StepRecord.accepted, StepRecord.rejected)
         if step.failed is not None:
             verdict = jnp.where(step.failed, StepRecord.newton_failed, verdict)
         return jnp.where(finite, verdict, StepRecord.nonfinite)
