@@ -18,8 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm.auto
 
-from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
-from ._backsolve import BacksolveAdjoint
+from ._adjoints import (
+    AbstractAdjoint,
+    BacksolveAdjoint,
+    DirectAdjoint,
+    ForwardMode,
+    RecursiveCheckpointAdjoint,
+)
 from ._memory import CompiledMemory, compiled_memory
 from ._saveat import SaveAt
 from ._solution import Solution
