@@ -180,7 +180,8 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     )
     status = loop.final_status(state)
     collected = _collect(loop, saveat, direction, t0, y0, ts, save_times, state, outputs)
-    outputs = nan_derivatives_if(status != Status.successful, collected)
+    inputs = (y0, t0, t1, ts, args)
+    outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
         outputs = raise_if_failed(status, outputs)
     ts_out, ys_out, dense = outputs
