@@ -26,7 +26,7 @@ from ._integrate import Loop, LoopState, apply_writes
 from ._saveat import SaveAt
 from ._status import Status
 from ._steppers._base import AbstractStepper
-from ._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
+from ._steppers._implicit import AbstractImplicit, with_newton_tolerances
 from ._steppers._rosenbrock import AbstractRosenbrock
 from ._types import Scalar
 
@@ -246,7 +246,7 @@ class BacksolveAdjoint(AbstractAdjoint):
     def _forward_reconstruction(self, loop: Loop) -> bool:
         if self.reconstruct == "auto":
             stepper = self._backward_stepper(loop)
-            return isinstance(stepper, AbstractESDIRK | AbstractRosenbrock)
+            return isinstance(stepper, AbstractImplicit | AbstractRosenbrock)
         return self.reconstruct == "forward"
 
     def _resolve_loop(self, loop: Loop, problem: Problem, diff, t_end: Scalar) -> Loop:

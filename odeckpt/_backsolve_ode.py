@@ -2,6 +2,8 @@
 backward solve stops (jumps in the adjoint, re-anchored states), and the two ways of solving
 it: with the state integrated backwards, or read from forward re-solves."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -61,6 +63,7 @@ class Seminorm(AbstractStepper):
     error_order = property(lambda self: self.inner.error_order)
     fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
     dense_degree = property(lambda self: self.inner.dense_degree)
+    tolerance_exponent = property(lambda self: self.inner.tolerance_exponent)
 
     def init(self, f, t0, y0, args):
         return self.inner.init(f, t0, y0, args)
@@ -80,7 +83,9 @@ class Seminorm(AbstractStepper):
         scale = ((size_state + size_g) / size_state) ** 0.5
         error_state = jax.tree.map(lambda e: e * scale, error_state)
         y_error = (*error_state, jax.tree.map(jnp.zeros_like, error_g))
-        return Step(y1=step.y1, y_error=y_error, dense=step.dense, state=step.state)
+        # The rest of the step (a failed Newton iteration, the state to keep on rejection, the
+        # work done, the stepper's own proposal of the next step size) stands as it is.
+        return dataclasses.replace(step, y_error=y_error)
 
 
 def _size(tree) -> int:

@@ -146,6 +146,7 @@ class Loop(eqx.Module):
             t0, t1, state.dt, state.y, step.y1, step.y_error, self.stepper,
             state.controller_state, clipped=clipped,
             accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
+            dt_factor=step.dt_factor,
         )  # fmt: skip
         verdict = self._verdict(step, decision) if recorded is None else recorded.verdict
         # A step that could not be completed (Newton did not converge, or something in it is
