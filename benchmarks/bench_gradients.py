@@ -54,8 +54,11 @@ from _harness import (  # noqa: E402
 from bench_forward import lotka_volterra, neural_ode  # noqa: E402
 
 import odeckpt  # noqa: E402
-from odeckpt._adjoint import DirectAdjoint, RecursiveCheckpointAdjoint  # noqa: E402
-from odeckpt._backsolve import BacksolveAdjoint  # noqa: E402
+from odeckpt import (  # noqa: E402
+    BacksolveAdjoint,  # noqa: E402
+    DirectAdjoint,
+    RecursiveCheckpointAdjoint,
+)
 
 
 @dataclasses.dataclass(frozen=True)

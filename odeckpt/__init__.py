@@ -1,7 +1,7 @@
 """odeckpt: differential equation solvers in JAX with memory-efficient gradients.
 
 Members are imported on first use, so that `odeckpt.checkpointing.schedules` (pure Python) can be
-imported without JAX.
+imported without JAX. The public names are the imports under `TYPE_CHECKING` below (`_lazy`).
 """
 
 from typing import TYPE_CHECKING
@@ -10,60 +10,15 @@ from ._lazy import lazy_namespace
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "solve": "._solve",
-    "Solution": "._solution",
-    "Stats": "._solution",
-    "Status": "._status",
-    "SaveAt": "._saveat",
-    "AbstractAdjoint": "._adjoint",
-    "BacksolveAdjoint": "._backsolve",
-    "DirectAdjoint": "._adjoint",
-    "ForwardMode": "._adjoint",
-    "RecursiveCheckpointAdjoint": "._adjoint",
-    "AbstractController": "._controllers",
-    "ConstantStep": "._controllers",
-    "PIDController": "._controllers",
-    "AbstractStepper": "._steppers",
-    "Euler": "._steppers",
-    "Heun": "._steppers",
-    "Midpoint": "._steppers",
-    "Ralston": "._steppers",
-    "RK4": "._steppers",
-    "Bosh3": "._steppers",
-    "Tsit5": "._steppers",
-    "Dopri5": "._steppers",
-    "Dopri8": "._steppers",
-    "ImplicitEuler": "._steppers",
-    "Trapezoid": "._steppers",
-    "Kvaerno3": "._steppers",
-    "Kvaerno4": "._steppers",
-    "Kvaerno5": "._steppers",
-    "Rodas5": "._steppers",
-    "Radau5": "._steppers",
-    "BDF": "._steppers",
-    "AbstractNewton": "._newton",
-    "Newton": "._newton",
-    "NewtonKrylov": "._newton",
-    "checkpointing": ".checkpointing",
-    "CompiledMemory": "._memory",
-    "compiled_memory": "._memory",
-    "MemoryReport": "._memory",
-    "memory_report": "._memory",
-    "plot": ".plot",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_namespace(__name__, _EXPORTS)
-
 if TYPE_CHECKING:
     from . import checkpointing as checkpointing, plot as plot
-    from ._adjoint import (
+    from ._adjoints import (
         AbstractAdjoint as AbstractAdjoint,
+        BacksolveAdjoint as BacksolveAdjoint,
         DirectAdjoint as DirectAdjoint,
         ForwardMode as ForwardMode,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
-    from ._backsolve import BacksolveAdjoint as BacksolveAdjoint
     from ._controllers import (
         AbstractController as AbstractController,
         ConstantStep as ConstantStep,
@@ -104,3 +59,5 @@ if TYPE_CHECKING:
         Trapezoid as Trapezoid,
         Tsit5 as Tsit5,
     )
+
+__getattr__, __dir__, __all__ = lazy_namespace(__name__)

@@ -5,7 +5,6 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 
 import abc
 import dataclasses
-import functools
 
 import equinox as eqx
 import jax
@@ -323,9 +322,3 @@ class PIDController(AbstractController):
         if self.dtmax is not None:
             dt = jnp.minimum(dt, self.dtmax)
         return dt
-
-
-def all_finite(y: Y) -> BoolScalar:
-    """Whether every component of every leaf of `y` is finite (neither NaN nor inf)."""
-    checks = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(y)]
-    return functools.reduce(jnp.logical_and, checks, jnp.array(True))

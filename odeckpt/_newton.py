@@ -395,12 +395,9 @@ class Newton(AbstractNewton):
     - `kappa`: stop when the estimated remaining error is below `kappa` times the tolerance.
     - `max_iters`: most iterations per stage before the step counts as failed.
     - `reuse_rate`: re-evaluate the Jacobian after a step whose iterations contracted more
-        slowly than this factor per iteration. (Hairer & Wanner's RADAU5 uses 0.001, and 0.1
-        when the Jacobian is expensive. A lax value costs more than it saves: a stale
-        Jacobian makes the next large step's iteration fail, and the halved retries disturb
-        the step sequence. On Van der Pol with `mu = 1000` at `rtol = 1e-6`, 0.2 took 605
-        steps, 12,558 iterations and 112 Jacobians, with an error at `t = 3000` of 2.7e-3;
-        0.05 took 543 steps, 10,141 iterations and 172 Jacobians, error 2.0e-5.)
+        slowly than this factor per iteration (Hairer & Wanner's RADAU5 uses 0.001, and 0.1
+        when the Jacobian is expensive; see `docs/architecture.md` for why a lax value costs
+        more than it saves).
 
     **Example:**
 

@@ -6,16 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from ._dense import DenseOutput
 from ._status import Status
 from ._types import IntScalar, Scalar, Y
-
-
-def polynomial(coeffs: Array, theta: Scalar) -> Array:
-    """`sum_j coeffs[j] * theta**j` (Horner's rule; `coeffs` lowest degree first)."""
-    value = coeffs[-1]
-    for c in coeffs[-2::-1]:
-        value = value * theta.astype(c.dtype) + c
-    return value
 
 
 class Stats(eqx.Module):
@@ -33,8 +26,8 @@ class Stats(eqx.Module):
     - `num_lu_factorisations`: LU factorisations of `I - h gamma J`; 0 for explicit steppers.
     - `num_checkpoints`: snapshot slots that reverse-mode differentiation of this solve keeps
         (`RecursiveCheckpointAdjoint`'s `c`, device and host slots together with `offload`;
-        `BacksolveAdjoint`'s forward checkpoints; `0` for `DirectAdjoint`, which stores every
-        step's residuals instead, and `ForwardMode`).
+        `BacksolveAdjoint`'s forward checkpoints; `max_steps` for `DirectAdjoint`, which keeps
+        one slot of residuals per possible step; `0` for `ForwardMode`).
     - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
         snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
         also runs one VJP per step; `BacksolveAdjoint`'s backward solve is adaptive and its
@@ -57,35 +50,6 @@ class Stats(eqx.Module):
     num_lu_factorisations: IntScalar
     num_checkpoints: IntScalar
     num_recomputed_steps: IntScalar
-
-
-class DenseOutput(eqx.Module):
-    """Every accepted step's continuous extension, as polynomial coefficients in the step's
-    normalised time `theta`. Times are internal times `direction * t`, so they increase.
-    """
-
-    t_start: Scalar
-    t_ends: Float[Array, " max_steps"]
-    coeffs: Y
-    num_accepted: IntScalar
-
-    @property
-    def t_last(self) -> Scalar:
-        """The end of the last accepted step (the start if none was taken)."""
-        last = self.num_accepted - 1
-        return jnp.where(last >= 0, self.t_ends[jnp.maximum(last, 0)], self.t_start)
-
-    def covers(self, t: Array) -> Array:
-        """Whether each (internal) time in `t` lies in the span the steps cover."""
-        return (t >= self.t_start) & (t <= self.t_last)
-
-    def evaluate(self, t: Scalar) -> Y:
-        last = jnp.maximum(self.num_accepted - 1, 0)
-        index = jnp.minimum(jnp.searchsorted(self.t_ends, t, side="left"), last)
-        start = jnp.where(index == 0, self.t_start, self.t_ends[jnp.maximum(index - 1, 0)])
-        theta = (t - start) / (self.t_ends[index] - start)
-
-        return jax.tree.map(lambda coeff: polynomial(coeff[index], theta), self.coeffs)
 
 
 class Solution(eqx.Module):

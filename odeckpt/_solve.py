@@ -6,31 +6,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _validate as validate
-from ._adjoint import AbstractAdjoint, DirectAdjoint, ForwardMode, RecursiveCheckpointAdjoint
-from ._backsolve import BacksolveAdjoint, forward_mode_error
+from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._controllers import AbstractController, ConstantStep, PIDController
-from ._integrate import (
-    DistinctSaveTimes,
-    Loop,
-    LoopState,
-    constant_step_count,
-    saves_per_step,
-    vector_field_in_internal_time,
-)
+from ._dense import DenseOutput
+from ._integrate import IntegrationLoop, vector_field_in_internal_time
+from ._landing import constant_step_count, saves_per_step
+from ._loop_state import LoopState
 from ._on_failure import nan_derivatives_if, raise_if_failed
+from ._outputs import DistinctSaveTimes, Outputs
 from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
-from ._solution import DenseOutput, Solution, Stats
+from ._solution import Solution, Stats
 from ._status import Status
 from ._steppers import AbstractStepper, Tsit5, stepper_from_name, with_newton_tolerances
 from ._types import Args, Scalar, VectorField, Y
-
-ADJOINTS: dict[str, type[AbstractAdjoint]] = {
-    "recursive": RecursiveCheckpointAdjoint,
-    "backsolve": BacksolveAdjoint,
-    "direct": DirectAdjoint,
-    "forward": ForwardMode,
-}
 
 
 def solve(
@@ -122,12 +111,7 @@ def solve(
     options = _Options(
         stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps
     )
-    try:
-        return _solve(f, y0, t0, t1, ts, args, options)
-    except TypeError as e:
-        if isinstance(adjoint, BacksolveAdjoint) and "forward-mode" in str(e):
-            raise forward_mode_error() from None
-        raise
+    return _solve(f, y0, t0, t1, ts, args, options)
 
 
 class _Options(eqx.Module):
@@ -159,7 +143,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     tau0, tau_end = direction * t0, direction * t1
     save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
-    loop = Loop(
+    loop = IntegrationLoop(
         f=vector_field_in_internal_time(f, direction),
         args=args,
         stepper=stepper,
@@ -174,12 +158,10 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     init, init_evals = loop.init_state(tau0, y0, dt)
-    state, outputs = adjoint.run(loop, init, loop.init_outputs(init))
-    checkpoints, recomputed = adjoint.gradient_stats(
-        loop, init, loop.init_outputs(init), state.num_steps
-    )
+    result = adjoint.run(loop, init, loop.init_outputs(init))
+    state = result.state
     status = loop.final_status(state)
-    collected = _collect(loop, saveat, direction, t0, y0, ts, save_times, state, outputs)
+    collected = _collect(saveat, direction, t0, y0, ts, save_times, state, result.outputs)
     inputs = (y0, t0, t1, ts, args)
     outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
@@ -192,33 +174,34 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_fn_evals=init_evals + state.num_fn_evals,
         num_jacobian_evals=state.num_jacobian_evals,
         num_lu_factorisations=state.num_lu_factorisations,
-        num_checkpoints=jnp.asarray(checkpoints, jnp.int32),
-        num_recomputed_steps=recomputed,
+        num_checkpoints=result.stats.num_checkpoints,
+        num_recomputed_steps=result.stats.num_recomputed_steps,
     )
     return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
 
 
 def _collect(
-    loop: Loop, saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, save_times, state: LoopState,
-    outputs,
+    saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, save_times, state: LoopState,
+    outputs: Outputs,
 ) -> tuple[jax.Array | None, Y | None, DenseOutput | None]:  # fmt: skip
     """Assemble the saved blocks t0 | ts | steps | t1 (see `SaveAt`) and the dense output."""
-    outputs = list(outputs)
     blocks = []
     if saveat.t0:
         blocks.append((t0[None], jax.tree.map(lambda y: y[None], y0)))
     if ts is not None:
-        blocks.append((ts, save_times.gather(outputs.pop(0))))
+        blocks.append((ts, save_times.gather(outputs.ts)))
     if saveat.steps:
-        step_ts, step_ys = outputs.pop(0)
-        blocks.append((jnp.where(jnp.isfinite(step_ts), direction * step_ts, jnp.inf), step_ys))
+        step_ts = outputs.steps.t
+        blocks.append(
+            (jnp.where(jnp.isfinite(step_ts), direction * step_ts, jnp.inf), outputs.steps.values)
+        )
     if saveat.t1:
         blocks.append(((direction * state.t)[None], jax.tree.map(lambda y: y[None], state.y)))
     dense = None
     if saveat.dense:
-        t_ends, coeffs = outputs.pop(0)
-        t_ends = jnp.where(jnp.arange(loop.max_steps) < state.num_accepted, t_ends, jnp.inf)
-        dense = DenseOutput(direction * t0, t_ends, coeffs, state.num_accepted)
+        max_steps = outputs.dense.t.shape[0]
+        t_ends = jnp.where(jnp.arange(max_steps) < state.num_accepted, outputs.dense.t, jnp.inf)
+        dense = DenseOutput(direction * t0, t_ends, outputs.dense.values, state.num_accepted)
     if not blocks:
         return None, None, dense
     ts_out = jnp.concatenate([block_ts for block_ts, _ in blocks])

@@ -140,9 +140,11 @@ def tolerance(name: str, value) -> float:
 
 def count(name: str, value, example: str) -> int:
     """`value` as a Python int, raising (naming the fix) unless it is a positive integer
-    (Python or NumPy; not a bool)."""
+    (Python or NumPy; not a bool). `name` says where it was given."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive int. Fix: {example}.")
+        raise ValueError(
+            f"{name} must be a positive int (an int >= 1), got {value!r}. Fix: {example}."
+        )
     return int(value)
 
 

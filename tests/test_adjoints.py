@@ -1,5 +1,9 @@
 """Reverse- and forward-mode derivatives of `solve` through each adjoint."""
 
+import math
+import re
+import tracemalloc
+
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -8,6 +12,12 @@ import pytest
 
 import odeckpt
 from odeckpt._steppers import STEPPERS
+from odeckpt.checkpointing.schedules import (
+    binomial,
+    offline_schedule,
+    online_schedule,
+    simulate,
+)
 
 ADAPTIVE = sorted(name for name, cls in STEPPERS.items() if cls.error_order is not None)
 
@@ -218,6 +228,19 @@ def test_stats_report_the_reverse_sweep(c):
     assert expected > 0 or c >= n
 
 
+def test_stats_of_a_constant_step_solve_one_step_short_of_its_schedule():
+    """19 constant steps: the offline schedule is planned for 20 (a spare step) with 5 slots,
+    and the last segment at the stop keeps more than one free slot."""
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=5)
+    f = lambda t, y, a: -a * y
+    stats = odeckpt.solve(f, jnp.ones(2), (0.0, 0.95), 1.0, adjoint=adjoint, solver="rk4",
+                          controller=odeckpt.ConstantStep(), dt0=0.05).stats  # fmt: skip
+    n = int(stats.num_steps)
+    assert n == 19
+    expected = simulate(offline_schedule(n + 1, 5), n).forward_steps - (n - 1)
+    assert int(stats.num_recomputed_steps) == expected
+
+
 def test_stats_of_the_other_adjoints():
     # DirectAdjoint keeps a snapshot of every step up to max_steps (500) and recomputes none
     for adjoint, checkpoints in (("direct", 500), ("forward", 0), (odeckpt.BacksolveAdjoint(), 0)):
@@ -228,3 +251,27 @@ def test_stats_of_the_other_adjoints():
     assert int(stats.num_checkpoints) == 4
     # the default plan: the fewest c with C(c+2, 2) >= max_steps (C(32, 2) = 496 < 500)
     assert int(_stats_solve("recursive").num_checkpoints) == 31
+
+
+@pytest.mark.parametrize("max_steps", [10**6, 10**9])
+def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps):
+    """A 5-step solve with `max_steps` of a million or a billion: its gradient and statistics
+    hold no constant larger than the schedule's table of binomials (`O(c r)` integers) and
+    tracing them allocates a few MiB; the default plan keeps the fewest `c` with
+    `C(c+2, 2) >= max_steps`."""
+
+    def solve(y0):
+        return odeckpt.solve(lambda t, y, a: -y, y0, (0.0, 1.0), max_steps=max_steps)
+
+    tracemalloc.start()
+    lowered = jax.jit(jax.grad(lambda y0: solve(y0).ys[-1].sum())).lower(Y0).as_text()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    shapes = re.findall(r"stablehlo\.constant dense<.*?> : tensor<([0-9x]*)[a-z]", lowered)
+    largest = max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
+    stats = jax.jit(solve)(Y0).stats
+    c = int(stats.num_checkpoints)
+    assert binomial(c - 1, 2) < max_steps <= binomial(c, 2)
+    assert largest <= online_schedule(max_steps, c).binomials.size < 8 * c
+    assert peak < 64 * 2**20, peak
+    assert int(stats.num_steps) == 5 and int(stats.num_recomputed_steps) == 0

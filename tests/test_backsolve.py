@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import odeckpt
-from odeckpt._backsolve import BacksolveAdjoint
+from odeckpt import BacksolveAdjoint
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 
@@ -358,7 +358,7 @@ def test_constant_steps_and_forward_values():
 def test_seminorm_leaves_the_parameter_integral_out_of_the_error():
     """The wrapped stepper's error estimate is zero on `g`, and its root mean square over all
     components equals the one over `(y, a)` alone."""
-    from odeckpt._backsolve_ode import Seminorm
+    from odeckpt._adjoints._backsolve._problem import Seminorm
 
     def augmented(s, z, args):
         y, a, g = z
@@ -373,6 +373,26 @@ def test_seminorm_leaves_the_parameter_integral_out_of_the_error():
     state_error = jnp.concatenate(plain.y_error[:2])
     all_error = jnp.concatenate(jax.tree.leaves(semi.y_error))
     np.testing.assert_allclose(jnp.mean(all_error**2), jnp.mean(state_error**2), rtol=1e-14)
+
+
+def test_seminorm_keeps_what_the_inner_step_reports():
+    """A Newton failure (and the state to carry on rejection) of an implicit backward step
+    survives the seminorm's rescaling of the error estimate."""
+    from odeckpt._adjoints._backsolve._problem import Seminorm
+
+    def augmented(s, z, args):
+        y, a, g = z
+        return -1e3 * y, a, jnp.sum(a) * jnp.ones_like(g)
+
+    z = (jnp.array([1.0]), jnp.array([0.5]), jnp.ones(2))
+    stepper = odeckpt.Kvaerno3(newton=odeckpt.Newton(max_iters=1, kappa=1e-12))
+    inner = stepper.step(augmented, 0.0, 1.0, z, None, stepper.init(augmented, 0.0, z, None))
+    semi = Seminorm(stepper).step(
+        augmented, 0.0, 1.0, z, None, stepper.init(augmented, 0.0, z, None)
+    )
+    assert bool(inner.failed) and bool(semi.failed)
+    assert jax.tree.structure(semi.state_on_reject) == jax.tree.structure(inner.state_on_reject)
+    assert int(semi.num_fn_evals) == int(inner.num_fn_evals)
 
 
 def test_jvp_is_rejected():

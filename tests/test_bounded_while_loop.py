@@ -1,5 +1,9 @@
 """`bounded_while_loop` against an unrolled early-exit reference (float64, tolerance 1e-12)."""
 
+import math
+import re
+import tracemalloc
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -7,10 +11,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
-from odeckpt.checkpointing import _tree
+from odeckpt.checkpointing import (
+    _tree,
+    bounded_while_loop,
+    forward_only,
+    recomputed_steps,
+    schedules,
+    while_loop_plan,
+)
 from odeckpt.checkpointing._vmap import lane_running
-from odeckpt.checkpointing.schedules import online_schedule, simulate
+from odeckpt.checkpointing.schedules import offline_schedule, online_schedule, simulate
 
 _COUNT = [0]
 
@@ -236,6 +246,75 @@ def test_plan_and_errors():
         bounded_while_loop(cond, lambda v: {**v, "i": 1.0}, init, max_steps=10)
 
 
+def test_a_plan_made_once_runs_the_loop_as_its_arguments_do():
+    """`bounded_while_loop(..., plan=while_loop_plan(...))` gives the values, gradients and
+    statistics of the same loop given the budget, in every regime, also under `vmap`."""
+    cond, body = _problem(0.8)
+    theta, y0 = jnp.asarray(0.8), jnp.asarray(0.1)
+    for kw in ({"checkpoints": 4}, {"checkpoints": 30}, {"memory_budget": "1MB", "online": False},
+               {}, {"checkpoints": {"device": 2, "host": 5}, "offload": "host"}):  # fmt: skip
+        plan = while_loop_plan(cond, body, _init(y0), max_steps=30, outputs=_buffers(), **kw)
+        planned = jax.jit(_loss(lambda *a, plan=plan: _ours_planned(*a, plan)))
+        ref = jax.jit(_loss(lambda *a, kw=kw: _ours(*a, max_steps=30, **kw)))
+        _assert_close(planned(theta, y0, _buffers()), ref(theta, y0, _buffers()))
+        thetas = jnp.array([0.8, 1.3])
+        batched = jax.vmap(planned, in_axes=(0, None, None))(thetas, y0, _buffers())
+        _assert_close(batched, jax.vmap(ref, in_axes=(0, None, None))(thetas, y0, _buffers()))
+    assert plan.regime == "binomial" and plan.slots == 2 + 5
+
+
+def _ours_planned(theta, y0, buffers, plan):
+    cond, body = _problem(theta)
+    return bounded_while_loop(cond, body, _init(y0), outputs=buffers, plan=plan)
+
+
+def test_plan_errors_name_the_fix():
+    cond, body = _problem(0.8)
+    init = _init(jnp.asarray(0.1))
+    plan = while_loop_plan(cond, body, init, max_steps=30, checkpoints=4, outputs=_buffers())
+    run = lambda plan, init=init, **kw: bounded_while_loop(
+        cond, body, init, outputs=_buffers(), plan=plan, **kw
+    )
+    for kw in ({"max_steps": 30}, {"checkpoints": 4}, {"memory_budget": "1MB"},
+               {"online": False}, {"offload": "host"}):  # fmt: skip
+        with pytest.raises(ValueError, match=f"plan= or {next(iter(kw))}, not both"):
+            run(plan, **kw)
+    with pytest.raises(TypeError, match=r"plan must be a Plan, as while_loop_plan\(...\)"):
+        run({"checkpoints": 4})
+    wider = {"y": jnp.zeros(3), "i": jnp.asarray(0, jnp.int32)}
+    with pytest.raises(ValueError, match="snapshots of 20 bytes and this loop's hold 28"):
+        bounded_while_loop(lambda v: v["i"] < 3, lambda v: v, wider, plan=plan)
+    with pytest.raises(ValueError, match=r"max_steps .* or plan=while_loop_plan"):
+        bounded_while_loop(cond, body, init, outputs=_buffers())
+
+
+def test_planning_an_online_loop_traces_nothing():
+    """`while_loop_plan` traces the functions only to size the step's residuals: planning an
+    online loop (the adaptive solve's plan) and running it with `plan=` traces them as often
+    as running it with the budget, with or without recorded decisions, also differentiated."""
+    traces = [0]
+
+    def body(v, recorded=None):
+        traces[0] += 1
+        return (v * 0.9, v) if record else v * 0.9
+
+    cond = lambda v: v > 0.5
+    for record in (False, True):
+        kw = dict(max_steps=20, checkpoints=3, record_decisions=record)
+        alone = lambda x, kw=kw: bounded_while_loop(cond, body, x, **kw)
+        traces[0] = 0
+        jax.grad(alone)(1.0)
+        expected = traces[0]
+        traces[0] = 0
+        plan = while_loop_plan(cond, body, 1.0, **kw)
+        assert traces[0] == 0
+        planned = lambda x, plan=plan, record=record: bounded_while_loop(
+            cond, body, x, plan=plan, record_decisions=record
+        )
+        jax.grad(planned)(1.0)
+        assert traces[0] == expected, (record, traces[0], expected)
+
+
 def test_forward_mode_matches_reverse():
     args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
     for kw in ({"checkpoints": 3}, {}):
@@ -439,7 +518,7 @@ def test_snapshot_of_many_small_leaves_is_one_write_per_dtype():
                 "n": jnp.zeros(3, jnp.int32)}  # fmt: skip
 
         def body(v):
-            x = [jnp.sin(a) + 0.1 * b for a, b in zip(v["x"], v["x"][1:] + v["x"][:1])]
+            x = [jnp.sin(a) + 0.1 * b for a, b in zip(v["x"], v["x"][1:] + v["x"][:1], strict=True)]
             return {"x": x, "i": v["i"] + 1, "n": v["n"] + 1}
 
         v = bounded_while_loop(lambda v: v["i"] < 20, body, init, max_steps=50, checkpoints=4)
@@ -448,3 +527,138 @@ def test_snapshot_of_many_small_leaves_is_one_write_per_dtype():
     text = jax.jit(jax.grad(loss)).lower(jnp.asarray(0.3)).compile().as_text()
     # the forward store and the reverse sweep's push, one per dtype: 4 (12 per leaf: 24)
     assert text.count("dynamic-update-slice(") <= 8, text.count("dynamic-update-slice(")
+
+
+def _closing_over(x, **kw):
+    """A while loop (7 steps of at most 20) whose body closes over `x` (the differentiated
+    input), a Python int and a Python float."""
+    k, c = 3, 2.5
+    cond = lambda v: v["i"] < 7
+    body = lambda v: {"y": jnp.sin(v["y"]) * c + x * k, "i": v["i"] + 1}
+    init = {"y": jnp.full(2, 0.5), "i": jnp.asarray(0, jnp.int32)}
+    v = bounded_while_loop(cond, body, init, max_steps=20, **kw)
+    return jnp.sum(v["y"] * jnp.array([1.0, -0.5]))
+
+
+def _assert_derivatives_agree(loss, x):
+    """`jacfwd == jacrev`, both equal to central finite differences and nonzero."""
+    fwd, rev = jax.jacfwd(loss)(x), jax.jacrev(loss)(x)
+    _assert_close(fwd, rev)
+    h, basis = 1e-6, jnp.eye(jnp.size(x)).reshape(-1, *jnp.shape(x))
+    fd = jnp.stack([(loss(x + h * e) - loss(x - h * e)) / (2 * h) for e in basis], -1)
+    np.testing.assert_allclose(fwd, fd.reshape(jnp.shape(fwd)), rtol=1e-7)
+    assert float(jnp.max(jnp.abs(fwd))) > 1.0
+
+
+@pytest.mark.parametrize(
+    "kw", [{"checkpoints": 2}, {"checkpoints": 20}, {}],
+    ids=["binomial", "states", "default"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "x", [1.3, jnp.asarray(1.3), np.float64(1.3), jnp.array([1.3, 0.4])],
+    ids=["python float", "weak scalar", "numpy scalar", "array"],
+)  # fmt: skip
+def test_forward_mode_of_a_closed_over_value(x, kw):
+    """The tangent of a closed-over input reaches the forward-mode loop, whatever its type (a
+    Python float reaches the custom JVP rule as the float itself)."""
+    _assert_derivatives_agree(lambda x: _closing_over(x, **kw), x)
+
+
+def test_forward_mode_of_a_closed_over_python_float_under_vmap():
+    loss = lambda x: _closing_over(x, checkpoints=2)
+    ts = jnp.array([1.0, -2.0])  # a batch of tangents of one Python float
+    jvps = jax.vmap(lambda t: jax.jvp(loss, (1.3,), (t,))[1])(ts)
+    _assert_close(jvps, ts * jax.grad(loss)(1.3))
+    xs = jnp.array([1.3, 0.2])
+    _assert_close(jax.vmap(jax.jacfwd(loss))(xs), jax.vmap(jax.grad(loss))(xs))
+
+
+@pytest.mark.parametrize(
+    ("online", "steps", "c"),
+    [(True, 150, 1), (True, 400, 2), (True, 400, 3), (True, 400, 6), (True, 30, 4),
+     (False, 150, 1), (False, 150, 3), (False, 150, 5), (False, 150, 9), (False, 20, 30)],
+)  # fmt: skip
+def test_recomputed_steps_in_the_graph_match_the_simulator_at_every_stop(online, steps, c):
+    """`recomputed_steps(plan, n)` (`sol.stats.num_recomputed_steps`) as computed at run time
+    (from the schedule's small tables, the online rule replayed over the phase of the stop) at
+    every stop, also for an offline schedule (a constant-step solve stops one step short of its
+    spare step, or at an event), and with a slot for every step (nothing recomputed)."""
+    plan = schedules.plan(steps, 8, checkpoints=c, online=online)
+    schedule = (online_schedule if online else offline_schedule)(steps, c)
+    ns = jnp.arange(1, steps + 1)
+    got = jax.jit(jax.vmap(lambda n: recomputed_steps(plan, n)))(ns)
+    expected = [simulate(schedule, n).forward_steps - (n - 1) for n in range(1, steps + 1)]
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == jnp.int32 and plan.slots == min(c, steps)
+
+
+def test_recomputed_steps_of_the_other_regimes():
+    """Nothing is recomputed with stored residuals; the two-level count with offload (at
+    every stop, also with a device slot for every step of a segment); and
+    `Plan.slots` counts the slots of both levels."""
+    cond, body = (lambda v: v[1] < 7.0), (lambda v: (jnp.sin(v[0]), v[1] + 1.0))
+    residuals = while_loop_plan(cond, body, (1.0, 0.0), max_steps=50, memory_budget="1MB",
+                                online=False)  # fmt: skip
+    assert residuals.regime == "residuals" and residuals.slots == 0
+    assert int(recomputed_steps(residuals, 50)) == 0
+    for device, host in ((3, 10), (5, 10)):  # segments of 5 steps: binomial, then states
+        plan = schedules.plan(50, 16, checkpoints={"device": device, "host": host},
+                              offload="host")  # fmt: skip
+        ns = jnp.arange(0, 51)
+        got = jax.jit(jax.vmap(lambda n, plan=plan: recomputed_steps(plan, n)))(ns)
+        expected = [0] + [
+            schedules.simulate_offload(n, plan.segment, device).forward_steps - (n - 1)
+            for n in range(1, 51)
+        ]
+        np.testing.assert_array_equal(got, expected)
+        assert plan.slots == device + host
+    with pytest.raises(TypeError, match="takes a Plan"):
+        recomputed_steps(online_schedule(10, 3), 5)
+
+
+def test_forward_only_passes_forward_mode_and_raises_in_reverse_mode():
+    error = TypeError("forward mode only; use jax.jvp")
+    f = lambda x: forward_only({"y": jnp.sin(x) * x, "n": jnp.arange(3)}, error)
+    x = jnp.array([0.3, 1.2])
+    out = f(x)
+    assert out["n"].dtype == jnp.arange(3).dtype and out["n"].tolist() == [0, 1, 2]
+    ref = lambda x: jnp.sin(x) * x
+    _assert_close(jax.jacfwd(lambda x: f(x)["y"])(x), jax.jacfwd(ref)(x))
+    jvp = jax.jit(lambda x, t: jax.jvp(lambda x: f(x)["y"], (x,), (t,)))
+    _assert_close(jvp(x, x), jax.jvp(ref, (x,), (x,)))
+    batched = jax.vmap(jax.jacfwd(lambda x: f(x)["y"]))(jnp.stack([x, 2 * x]))
+    _assert_close(batched, jax.vmap(jax.jacfwd(ref))(jnp.stack([x, 2 * x])))
+    for reverse in (jax.grad, jax.jacrev):
+        with pytest.raises(TypeError, match="forward mode only; use jax.jvp"):
+            reverse(lambda x: f(x)["y"].sum())(x)
+
+
+def _largest_constant(lowered) -> int:
+    """Elements of the largest constant array in a lowered (StableHLO) program."""
+    shapes = re.findall(r"stablehlo\.constant dense<.*?> : tensor<([0-9x]*)[a-z]", lowered)
+    return max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
+
+
+@pytest.mark.parametrize("max_steps", [10**6, 10**9])
+@pytest.mark.parametrize("checkpoints", [3, 16, None])  # None: the default, 1414 and 44721
+def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps, checkpoints):
+    """The schedule (run as the forward loop steps), the reverse sweep's table of binomials and
+    the statistics are `O(c r)` integers: the lowered gradient and the statistics hold no
+    constant larger than that table, and tracing them allocates a few MiB, for `max_steps`
+    of a million or a billion. The gradient of the 7 steps run is exact."""
+    cond = lambda v: v[1] < 7.0
+    body = lambda v: (jnp.sin(v[0]) * 1.1, v[1] + 1.0)
+    kw = dict(max_steps=max_steps, checkpoints=checkpoints)
+    loss = lambda x: bounded_while_loop(cond, body, (x, 0.0), **kw)[0]
+    plan = while_loop_plan(cond, body, (1.0, 0.0), **kw)
+    schedule = plan.schedule
+    tracemalloc.start()
+    lowered = jax.jit(jax.grad(loss)).lower(1.0).as_text()
+    stats = jax.jit(lambda n: recomputed_steps(plan, n)).lower(7).as_text()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    table = schedule.binomials.size  # (c + 2) x (r + 3), r the repetition number
+    assert max(_largest_constant(lowered), _largest_constant(stats)) <= table < max_steps // 100
+    assert peak < 32 * 2**20, peak
+    ref = jax.grad(lambda x: jax.lax.fori_loop(0, 7, lambda _, y: jnp.sin(y) * 1.1, x))(1.0)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(1.0), ref, rtol=1e-14)

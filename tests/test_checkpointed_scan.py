@@ -149,6 +149,33 @@ def test_plan_reports_regime():
     assert scan_plan(f, init, xs, memory_budget=200).regime == "binomial"
 
 
+def test_a_plan_made_once_runs_the_scan_as_its_arguments_do():
+    init, xs, theta = _problem(50, 3, 1)
+    ref = _grads(jax.lax.scan, init, xs, theta)
+    f = _step(theta)
+    for kw in ({}, {"checkpoints": 5}, {"checkpoints": 60}, {"memory_budget": 200},
+               {"checkpoints": {"device": 2, "host": 7}, "offload": "host"}):  # fmt: skip
+        plan = scan_plan(f, init, xs, **kw)
+        planned = lambda f, i, x, plan=plan: checkpointed_scan(f, i, x, plan=plan)
+        _assert_close(_grads(planned, init, xs, theta), ref)
+
+
+def test_plan_errors_name_the_fix():
+    init, xs, theta = _problem(50, 3, 1)
+    f = _step(theta)
+    plan = scan_plan(f, init, xs, checkpoints=5)
+    for kw in ({"checkpoints": 5}, {"memory_budget": "1MB"}, {"offload": "host"}):
+        with pytest.raises(ValueError, match=f"plan= or {next(iter(kw))}, not both"):
+            checkpointed_scan(f, init, xs, plan=plan, **kw)
+    with pytest.raises(ValueError, match="made for 50 steps and this loop runs 40"):
+        checkpointed_scan(f, init, jax.tree.map(lambda x: x[:40], xs), plan=plan)
+    wider, _, _ = _problem(50, 4, 1)
+    with pytest.raises(ValueError, match="snapshots of 40 bytes and this loop's hold 48"):
+        checkpointed_scan(_step(theta), wider, xs | {"b": jnp.ones((50, 4))}, plan=plan)
+    with pytest.raises(TypeError, match=r"plan must be a Plan, as scan_plan\(...\)"):
+        checkpointed_scan(f, init, xs, plan=5)
+
+
 _COUNT = [0]
 
 
@@ -287,3 +314,45 @@ def test_program_size_independent_of_n_and_c():
         return str(jax.make_jaxpr(jax.grad(loss))(jnp.ones(3))).count(" = ")  # equations
 
     assert lines(100, 3) == lines(10_000, 3) == lines(10_000, 40)
+
+
+def _closing_over(x, checkpoints):
+    """A scan whose body closes over `x` (the differentiated input), a Python int and a
+    Python float."""
+    k, c = 3, 2.5
+
+    def body(carry, _):
+        return jnp.sin(carry) * c + x * k, None
+
+    return checkpointed_scan(body, jnp.full(2, 0.5), None, length=6, checkpoints=checkpoints)[0]
+
+
+def _assert_derivatives_agree(loss, x):
+    """`jacfwd == jacrev`, both equal to central finite differences and nonzero."""
+    fwd, rev = jax.jacfwd(loss)(x), jax.jacrev(loss)(x)
+    _assert_close(fwd, rev)
+    h, basis = 1e-6, jnp.eye(jnp.size(x)).reshape(-1, *jnp.shape(x))
+    fd = jnp.stack([(loss(x + h * e) - loss(x - h * e)) / (2 * h) for e in basis], -1)
+    np.testing.assert_allclose(fwd, fd.reshape(jnp.shape(fwd)), rtol=1e-7)
+    assert float(jnp.max(jnp.abs(fwd))) > 1.0
+
+
+@pytest.mark.parametrize("checkpoints", [2, 6])
+@pytest.mark.parametrize(
+    "x", [1.3, jnp.asarray(1.3), np.float64(1.3), jnp.array([1.3, 0.4])],
+    ids=["python float", "weak scalar", "numpy scalar", "array"],
+)  # fmt: skip
+def test_forward_mode_of_a_closed_over_value(x, checkpoints):
+    """The tangent of a closed-over input reaches the forward-mode loop, whatever its type (a
+    Python float reaches the custom JVP rule as the float itself)."""
+    loss = lambda x: jnp.sum(_closing_over(x, checkpoints) * jnp.array([1.0, -0.5]))
+    _assert_derivatives_agree(loss, x)
+
+
+def test_forward_mode_of_a_closed_over_python_float_under_vmap():
+    loss = lambda x: jnp.sum(_closing_over(x, 2) * jnp.array([1.0, -0.5]))
+    ts = jnp.array([1.0, -2.0])  # a batch of tangents of one Python float
+    jvps = jax.vmap(lambda t: jax.jvp(loss, (1.3,), (t,))[1])(ts)
+    _assert_close(jvps, ts * jax.grad(loss)(1.3))
+    xs = jnp.array([1.3, 0.2])
+    _assert_close(jax.vmap(jax.jacfwd(loss))(xs), jax.vmap(jax.grad(loss))(xs))

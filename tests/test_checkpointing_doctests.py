@@ -7,13 +7,19 @@ import pytest
 
 MODULES = [
     "odeckpt.checkpointing._checkpoint_layers",
+    "odeckpt.checkpointing._custom",
     "odeckpt.checkpointing._layers",
+    "odeckpt.checkpointing._linear",
+    "odeckpt.checkpointing._recomputation",
     "odeckpt.checkpointing._scan",
     "odeckpt.checkpointing._stacking",
     "odeckpt.checkpointing._vmap",
     "odeckpt.checkpointing._while_loop",
     "odeckpt.checkpointing.schedules._binomial",
+    "odeckpt.checkpointing.schedules._multistage",
+    "odeckpt.checkpointing.schedules._offline",
     "odeckpt.checkpointing.schedules._online",
+    "odeckpt.checkpointing.schedules._ops",
     "odeckpt.checkpointing.schedules._planner",
     "odeckpt.checkpointing.schedules._simulate",
 ]

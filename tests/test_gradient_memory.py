@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 import odeckpt
-from odeckpt._adjoint import DirectAdjoint, RecursiveCheckpointAdjoint
-from odeckpt._backsolve import BacksolveAdjoint
+from odeckpt import BacksolveAdjoint, DirectAdjoint, RecursiveCheckpointAdjoint
 
 SIZE = 2**16
 STEPS = (1000, 4000, 16000)

@@ -459,3 +459,28 @@ def test_memory_checkpointed_layers_flat_in_depth():
     # Four [256, 16] snapshots and one block's activations, whatever the depth (a plain
     # lax.scan at depth 256 holds 256 blocks' activations: 33 MiB).
     assert max(temps) <= 1.1 * min(temps) and max(temps) < 2**20, temps
+
+
+def test_forward_mode_from_a_python_float_input():
+    """A stack applied to a Python float (its primal in the custom JVP rule is the float
+    itself) keeps its tangent: `jacfwd == jacrev`."""
+    model = checkpoint_layers(eqx.nn.Sequential([eqx.nn.Lambda(jnp.sin)] * 3))
+    f = lambda x: model(x)
+    fwd = jax.jacfwd(f)(1.0)
+    _assert_close(fwd, jax.jacrev(f)(1.0))
+    _assert_close(fwd, jax.jacrev(lambda x: jnp.sin(jnp.sin(jnp.sin(x))))(1.0))
+
+
+def test_layers_closing_over_a_differentiated_value():
+    """A repeated layer whose function closes over the differentiated input (a Python float, or
+    an array): the stack is scanned, and jacfwd == jacrev == the plain model's derivative."""
+
+    def loss(scale, wrap):
+        layer = eqx.nn.Lambda(lambda h: jnp.sin(h) * scale)
+        return jnp.sum(wrap(eqx.nn.Sequential([layer] * 4))(jnp.array([0.3, 1.1])))
+
+    ours, plain = partial(loss, wrap=checkpoint_layers), partial(loss, wrap=lambda m: m)
+    for scale in (1.2, jnp.array([1.2, 0.7])):
+        ref = jax.jacrev(plain)(scale)
+        _assert_close(jax.jacfwd(ours)(scale), ref)
+        _assert_close(jax.jacrev(ours)(scale), ref)

@@ -141,9 +141,11 @@ def test_plan_errors_name_the_fix():
 
 @pytest.mark.parametrize(
     "checkpoints", [{"device": 1, "host": 1}, {"device": 2, "host": 5}, {"device": 1, "host": 37},
-                    {"device": 4, "host": 9}, 3],
+                    {"device": 4, "host": 9}, {"device": 5, "host": 8}, 3],
 )  # fmt: skip
 def test_scan_gradients_equal_single_level(checkpoints, scan_reference):
+    """`{"device": 5, "host": 8}`: segments of 5 steps with a device slot for each (the plan's
+    "states" regime), whose reverse sweep must still advance from each segment's start."""
     got = jax.jit(_loss(checkpointed_scan, 37, checkpoints=checkpoints, offload="host"))
     _assert_close(got(_Y0), scan_reference)
 
@@ -198,7 +200,9 @@ def test_while_loop_gradients_equal_single_level_at_every_kind_of_stop():
     _assert_close(batched, jax.vmap(ref, in_axes=(0, None, 0))(a, y0, stops))
 
 
-@pytest.mark.parametrize(("n", "segment_slots", "c"), [(30, 4, 3), (17, 17, 1), (40, 3, 1)])
+@pytest.mark.parametrize(
+    ("n", "segment_slots", "c"), [(30, 4, 3), (17, 17, 1), (40, 3, 1), (30, 4, 8)]
+)
 def test_step_evaluations_match_simulator(n, segment_slots, c):
     xs = jnp.linspace(0.5, 1.5, n)
     kw = dict(checkpoints={"device": c, "host": segment_slots}, offload="host")
@@ -368,3 +372,22 @@ def test_solve_stats_count_both_levels():
     segment = -(-101 // 7)  # max_steps = n + 1 (one spare step)
     assert int(sol.stats.num_checkpoints) == 2 + 7
     assert int(sol.stats.num_recomputed_steps) == offload_cost(n, segment, 2) - (n - 1)
+
+
+def test_forward_mode_of_a_closed_over_python_float():
+    """The offloaded loops keep the tangent of a closed-over Python float (which reaches the
+    custom JVP rule as the float itself): `jacfwd == jacrev`."""
+    levels = dict(checkpoints={"device": 2, "host": 3}, offload="host")
+
+    def scanned(x):
+        body = lambda carry, _: (jnp.sin(carry) * 2.5 + 3 * x, None)
+        return checkpointed_scan(body, jnp.full(2, 0.5), None, length=8, **levels)[0].sum()
+
+    def looped(x):
+        body = lambda v: (jnp.sin(v[0]) * 2.5 + 3 * x, v[1] + 1)
+        return bounded_while_loop(lambda v: v[1] < 7, body, (0.5, 0), max_steps=9, **levels)[0]
+
+    for loss in (scanned, looped):
+        fwd = jax.jacfwd(loss)(1.3)
+        _assert_close(fwd, jax.jacrev(loss)(1.3))
+        assert abs(float(fwd)) > 1.0

@@ -9,6 +9,7 @@ import pytest
 
 from odeckpt.checkpointing.schedules import (
     DEFAULT_MEMORY_BUDGET,
+    BinomialTable,
     binomial,
     binomial_table,
     offline_schedule,
@@ -66,15 +67,27 @@ def test_split_is_an_optimal_first_advance():
             assert cost == brute_force(length, s), (length, s, m)
 
 
-def test_binomial_table_reproduces_split():
-    c, n = 6, 500
-    table = binomial_table(c, n)
-    for s in range(2, c + 1):
-        for length in range(2, n + 1):
-            r = int((table[s] < length).sum())
-            m = min(table[s, r - 1], length - table[s - 1, r - 1])
-            assert m == split(length, s)
-            assert r == repetition_number(length, s)
+def test_binomial_table_reproduces_revolves_arithmetic():
+    """`BinomialTable` (the arithmetic the JAX loops run) on a schedule's capped table gives the
+    exact repetition number, split and `t(L, s)` wherever the table resolves them (repetition
+    numbers up to the schedule's, which bound every segment its reverse sweep reverses);
+    `binomial_table` itself is `min(beta(s, r), length + 1)`."""
+    checked = 0
+    for c, n in ((6, 500), (12, 300), (3, 5000), (1, 40)):
+        schedule = offline_schedule(n, c)
+        table = BinomialTable(schedule.binomials)
+        for s in range(1, c + 1):
+            for length in range(1, n + 1):
+                if s >= 2 and repetition_number(length, s) > schedule.repetitions:
+                    break
+                assert table.optimal_cost(length, s) == closed_form(length, s), (length, s)
+                if s >= 2 and length >= 2:
+                    assert table.split(length, s) == split(length, s)
+                    assert table.repetition_number(length, s) == repetition_number(length, s)
+                checked += 1
+    assert checked > 10_000
+    assert binomial_table(6, 500)[3, 4] == binomial(3, 4) == 35
+    assert binomial_table(6, 20)[3, 4] == 21
 
 
 def test_hand_written_reversal_order():

@@ -288,7 +288,7 @@ def test_constant_step_count_is_predicted_exactly():
     """`constant_step_count` (which lets checkpointing use the offline schedule) replays the
     loop's arithmetic: it must match the steps taken, in both dtypes, directions, with save
     times forcing extra steps."""
-    from odeckpt._integrate import constant_step_count, saves_per_step
+    from odeckpt._landing import constant_step_count, saves_per_step
 
     rng = np.random.default_rng(0)
     for _ in range(40):
@@ -316,7 +316,7 @@ def test_constant_step_count_is_predicted_exactly():
 
 
 def test_step_record_packs_its_decisions_in_one_byte():
-    from odeckpt._integrate import StepRecord
+    from odeckpt._loop_state import StepRecord
 
     verdicts = [
         StepRecord.rejected, StepRecord.accepted, StepRecord.newton_failed, StepRecord.nonfinite

@@ -1,18 +1,9 @@
 """A fusion fence: makes XLA materialise a stage's state before the vector field reads it.
 
-XLA fuses a Runge-Kutta step's stage combinations `z_i = y0 + h sum_j a_ij k_j` into the
-fusion that evaluates `f(z_i)`. When `f` shifts its input (`jnp.roll`, stencils, `concatenate`,
-gathers) the fused loop computes `z_i` once per shifted read, and XLA:CPU emits the nested
-concatenations as scalar, unvectorised code: on a 2**16-point diffusion problem a Tsit5 step
-took 2.0 ms instead of 0.33 ms (`benchmarks/bench_gradients.py`, problem (c)). A `lax.cond`
-is a boundary no fusion crosses, so passing `z_i` through one that XLA cannot fold away makes
-`f` read a buffer. `jax.lax.optimization_barrier` does not do this on CPU: XLA:CPU expands it
-before fusion.
-
-The fence costs one predicate test and, for a small state, more than it saves (a 2-dim
-Lotka-Volterra step goes from 0.04 to 0.3 us), so steppers fence only leaves of at least
-`FENCE_MIN_SIZE` elements. Under `vmap` the batched layout already splits the fusions and
-the fence is skipped.
+Passing a stage `z_i` through a `lax.cond` that XLA cannot fold away stops XLA from fusing the
+stage combination into the fusion that evaluates `f(z_i)`, so `f` reads a buffer. Steppers
+fence only leaves of at least `FENCE_MIN_SIZE` elements, and not under `vmap`. Why, and what
+it saves: `docs/architecture.md`, "The fusion fence".
 """
 
 import jax

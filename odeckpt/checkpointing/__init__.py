@@ -2,7 +2,9 @@
 (`checkpoint_layers`, `checkpointed_layers`).
 
 `odeckpt.checkpointing.schedules` (pure Python, imported without JAX) plans the schedules; the
-loops here execute them. Members load lazily so that importing `schedules` does not import JAX.
+loops here execute them. Plan once with `scan_plan` or `while_loop_plan`, run with `plan=`, and
+read what the plan keeps (`Plan.slots`) and recomputes (`recomputed_steps`). Members load lazily
+so that importing `schedules` does not import JAX.
 """
 
 from typing import TYPE_CHECKING
@@ -12,7 +14,10 @@ from .._lazy import lazy_namespace
 if TYPE_CHECKING:
     from . import schedules as schedules
     from ._checkpoint_layers import checkpoint_layers as checkpoint_layers
+    from ._custom import Sweeps as Sweeps, differentiable as differentiable
     from ._layers import checkpointed_layers as checkpointed_layers
+    from ._linear import forward_only as forward_only
+    from ._recomputation import recomputed_steps as recomputed_steps
     from ._scan import checkpointed_scan as checkpointed_scan, scan_plan as scan_plan
     from ._vmap import any_lane as any_lane
     from ._while_loop import (
@@ -21,30 +26,4 @@ if TYPE_CHECKING:
     )
     from .schedules import Plan as Plan, parse_memory as parse_memory
 
-__all__ = [
-    "Plan",
-    "any_lane",
-    "bounded_while_loop",
-    "checkpoint_layers",
-    "checkpointed_layers",
-    "checkpointed_scan",
-    "parse_memory",
-    "scan_plan",
-    "schedules",
-    "while_loop_plan",
-]
-
-__getattr__, __dir__ = lazy_namespace(
-    __name__,
-    {
-        "checkpointed_scan": "._scan",
-        "scan_plan": "._scan",
-        "bounded_while_loop": "._while_loop",
-        "while_loop_plan": "._while_loop",
-        "any_lane": "._vmap",
-        "checkpoint_layers": "._checkpoint_layers",
-        "checkpointed_layers": "._layers",
-        "Plan": ".schedules",
-        "parse_memory": ".schedules",
-    },
-)
+__getattr__, __dir__, __all__ = lazy_namespace(__name__)

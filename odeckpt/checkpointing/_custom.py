@@ -1,35 +1,135 @@
-"""The differentiable wrapper: a `custom_jvp` whose tangent is a `linear_call`.
-
-Forward mode evaluates a forward-mode loop; reverse mode transposes the `linear_call`, which runs
-the regime's reverse sweep on residuals computed by the primal pass (snapshots, or the VJP
-residuals of every step).
-"""
+"""One differentiation rule for the engine's loops: a `jax.custom_jvp` whose tangent is a linear
+map (`_linear.linear_call`) with the reverse sweep as its transpose."""
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from . import _offload, _tree
-from ._linear import linear_call
-from ._loop import Loop, forward, reverse
-from ._vmap import any_lane
-from .schedules import Plan, offline_schedule, online_schedule
+from . import _tree
+from ._linear import NoForwardMode, linear_call
 
 
-def _float0_fill(part, struct):
-    """`part` (inexact leaves, `None` elsewhere) completed with float0/zero leaves of `struct`."""
+class Sweeps(NamedTuple):
+    """How a call made `differentiable` is reversed.
 
-    return jtu.tree_map(lambda p, s: _zero(s) if p is None else p, part, struct, is_leaf=_none)
+    - `forward(inputs) -> (out, saved)`: the primal run, also returning `saved`, a pytree of
+        arrays for the reverse sweep.
+    - `reverse(inputs, saved, ct_out, want) -> cts`: the cotangents of `inputs`, a tuple of
+        its type holding per entry its inexact leaves (`None` elsewhere) or `None`, from
+        `ct_out`, the cotangent of `out` (float0 zeros on its leaves that are not inexact).
+        `want`, of the type of `inputs`, says per entry whether any of its leaves has a
+        tangent: the cotangents of the others are never read.
+    """
+
+    forward: Callable[[Any], tuple[Any, Any]]
+    reverse: Callable[[Any, Any, Any, Any], Any]
 
 
-def _inexact_part(tree):
-    return _tree.split_inexact(tree)[0]
+def differentiable(
+    primal: Callable,
+    sweeps: Callable[[], Sweeps],
+    inputs: NamedTuple,
+    *,
+    forward_error: str | None = None,
+):
+    """`primal(inputs)`, differentiable in forward and reverse mode by one rule.
+
+    A `jax.custom_jvp` whose tangent is a linear map with a custom transpose: `jax.jvp`
+    evaluates the JVP of `primal` (no storage), `jax.grad` transposes it into
+    `sweeps().reverse` on what `sweeps().forward` saved, and `vmap` vmaps both. Leaves of
+    `inputs` that nobody differentiates (symbolic zeros, and leaves that are not inexact) get
+    no tangent and no cotangent.
+
+    **Arguments:**
+
+    - `primal`: the function, of a NamedTuple of pytrees.
+    - `sweeps`: makes the `Sweeps`; called only when the call is differentiated.
+    - `inputs`: the NamedTuple `primal` is called with.
+    - `forward_error`: with a message, the call is differentiable in reverse mode only:
+        forward mode (`jax.jvp`, `jax.jacfwd`) raises a `TypeError` with this message when
+        the tangent is evaluated (at compile time under `jax.jit`).
+
+    **Returns:** `primal(inputs)`.
+
+    **Example:**
+
+    ```python
+    >>> import jax
+    >>> from typing import NamedTuple
+    >>> class Args(NamedTuple):
+    ...     x: jax.Array
+    >>> cube = lambda args: args.x**3
+    >>> sweeps = lambda: Sweeps(lambda args: (cube(args), args.x),
+    ...                         lambda args, x, ct, want: Args(3 * x**2 * ct))
+    >>> f = lambda x: differentiable(cube, sweeps, Args(x))
+    >>> float(jax.grad(f)(2.0)), float(jax.jvp(f, (2.0,), (1.0,))[1])
+    (12.0, 12.0)
+
+    ```
+    """
+
+    @jax.custom_jvp
+    def call(inputs):
+        return primal(inputs)
+
+    def jvp(primals, tangents):
+        (inputs,), (tangents,) = primals, tangents
+        # LoopInputs nobody differentiates (a constant `xs`, closed-over constants) get no
+        # tangent, so the transpose builds no cotangent for them.
+        is_zero = lambda t: isinstance(t, SymbolicZero)
+        tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)
+        forward, reverse = sweeps()
+        out, saved = forward(inputs)
+        out_struct = jax.eval_shape(lambda: out)
+        linear = [
+            t is not None and _tree.is_inexact(p)
+            for t, p in zip(_leaves(tangents), _leaves(inputs), strict=True)
+        ]
+        want = _per_entry(inputs, linear)
+        res_leaves, res_def = jtu.tree_flatten((inputs, saved))
+        in_def = jtu.tree_structure(inputs, is_leaf=_none)
+        out_def = jtu.tree_structure(_inexact_part(out))
+
+        def tangent(res_leaves, lin_leaves):
+            if forward_error is not None:
+                raise NoForwardMode(forward_error)
+            inputs, _ = jtu.tree_unflatten(res_def, res_leaves)
+            it = iter(lin_leaves)
+            t = [
+                next(it) if keep else _zero(p)
+                for p, keep in zip(_leaves(inputs), linear, strict=True)
+            ]
+            t_out = jax.jvp(primal, (inputs,), (jtu.tree_unflatten(in_def, t),))[1]
+            return jtu.tree_leaves(_inexact_part(t_out))
+
+        def transpose(res_leaves, ct_leaves):
+            inputs, saved = jtu.tree_unflatten(res_def, res_leaves)
+            ct_out = _completed(jtu.tree_unflatten(out_def, ct_leaves), out_struct)
+            cts = reverse(inputs, saved, ct_out, want)
+            flat = [x for c, p in zip(cts, inputs, strict=True) for x in _aligned(c, p)]
+            leaves = zip(flat, _leaves(inputs), linear, strict=True)
+            return [_zero(p) if c is None else c for c, p, keep in leaves if keep]
+
+        lin_leaves = [t for t, keep in zip(_leaves(tangents), linear, strict=True) if keep]
+        # The tangents of the inexact outputs have the outputs' shapes and dtypes.
+        out_avals = jtu.tree_leaves(_inexact_part(out_struct))
+        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves, out_avals)
+        return out, _completed(jtu.tree_unflatten(out_def, out_t), out_struct)
+
+    call.defjvp(jvp, symbolic_zeros=True)
+    return call(inputs)
+
+
+def convert(fn, *example_args):
+    """Closure-convert `fn`: `(arrays, static)` so the arrays can cross the custom JVP."""
+    converted = eqx.filter_closure_convert(fn, *example_args)
+    return eqx.partition(converted, eqx.is_array)
 
 
 def _none(x) -> bool:
@@ -37,160 +137,36 @@ def _none(x) -> bool:
 
 
 def _leaves(tree) -> list:
-    """Leaves with `None` kept as a leaf, aligned with the leaves of the full structure."""
+    """Leaves with `None` kept as a leaf, aligned with the leaves of a partition of `tree`."""
     return jtu.tree_leaves(tree, is_leaf=_none)
 
 
-def _aligned(part, struct) -> list:
-    """`part`'s leaves (or `None`s) aligned with `_leaves(struct)`."""
-    return [None] * len(_leaves(struct)) if part is None else _leaves(part)
+def _inexact_part(tree):
+    return _tree.split_inexact(tree)[0]
 
 
-def _zero(s):
-    if s is None:
+def _per_entry(inputs: NamedTuple, flags: list) -> NamedTuple:
+    """Whether any of each entry's leaves is flagged, as a tuple of the type of `inputs`."""
+    bounds = np.cumsum([0, *(len(_leaves(entry)) for entry in inputs)])
+    return inputs._make(any(flags[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _aligned(part, full) -> list:
+    """The leaves of `part` (a partition of `full`, or `None`) aligned with `_leaves(full)`."""
+    return [None] * len(_leaves(full)) if part is None else _leaves(part)
+
+
+def _zero(x):
+    """A zero tangent (or cotangent) for a leaf like `x` (an array, a Python scalar or a
+    `jax.ShapeDtypeStruct`): float0 for leaves that are not inexact, `None` for `None`."""
+    if x is None:
         return None
-    if jnp.issubdtype(s.dtype, jnp.inexact):
-        return jnp.zeros(s.shape, s.dtype)
-    return np.zeros(s.shape, jax.dtypes.float0)
+    dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+    if _tree.is_inexact(x):
+        return jnp.zeros(jnp.shape(x), dtype)
+    return np.zeros(jnp.shape(x), jax.dtypes.float0)
 
 
-def run(loop: Loop, plan: Plan | Callable[[], Plan], params, init, xs, buffers):
-    """Run `loop` from `init`, returning `(state, buffers)`, differentiable as `plan` says
-    (`plan` may be a function making it, called only when the loop is differentiated)."""
-    primal = lambda *args: forward(loop, *args, None)[:2]
-
-    def fwd_bwd() -> tuple[Callable, Callable]:
-        the_plan = plan if isinstance(plan, Plan) else plan()
-        if the_plan.regime == "residuals":
-            return _residuals(loop)
-        return _snapshots(loop, the_plan)
-
-    @jax.custom_jvp
-    def _run(params, init, xs, buffers):
-        return primal(params, init, xs, buffers)
-
-    def _run_jvp(primals, tangents):
-        # Symbolic zeros: inputs nobody differentiates (a constant `xs`, closed-over constants)
-        # get no tangent, so the transpose builds no cotangent buffer for them.
-        is_zero = lambda t: isinstance(t, SymbolicZero)
-        tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)
-        fwd, bwd = fwd_bwd()
-        out, saved = fwd(*primals)
-        structs = jax.eval_shape(lambda: (primals, out))
-        selected = [
-            t is not None and _tree.is_inexact(p)
-            for t, p in zip(_leaves(tangents), _leaves(primals), strict=True)
-        ]
-        lin_leaves = [t for t, keep in zip(_leaves(tangents), selected, strict=True) if keep]
-        res_leaves, res_def = jtu.tree_flatten((primals, saved))
-        out_def = jtu.tree_structure(_inexact_part(out))
-        want = tuple(len(jtu.tree_leaves(_inexact_part(tangents[j]))) > 0 for j in (0, 2))
-
-        def tangent(res_leaves, lin_leaves):
-            primals, _ = jtu.tree_unflatten(res_def, res_leaves)
-            it = iter(lin_leaves)
-            t = [next(it) if keep else None for keep in selected]
-            t = jtu.tree_unflatten(jtu.tree_structure(structs[0], is_leaf=_none), t)
-            t = _float0_fill(t, structs[0])
-            return jtu.tree_leaves(_inexact_part(jax.jvp(primal, primals, t)[1]))
-
-        def transpose(res_leaves, ct_leaves):
-            primals, saved = jtu.tree_unflatten(res_def, res_leaves)
-            ct = jtu.tree_unflatten(out_def, ct_leaves)
-            cts = bwd(primals, saved, ct, structs[1], want)
-            flat = [_aligned(c, p) for c, p in zip(cts, structs[0], strict=True)]
-            flat = [x for part in flat for x in part]
-            zeros = [_zero(p) for p in _leaves(structs[0])]
-            return [
-                z if c is None else c
-                for c, z, keep in zip(flat, zeros, selected, strict=True)
-                if keep
-            ]
-
-        # The tangents of the inexact outputs have the outputs' shapes and dtypes.
-        out_avals = jtu.tree_leaves(_inexact_part(structs[1]))
-        out_t = linear_call(tangent, transpose, res_leaves, lin_leaves, out_avals)
-        return out, _float0_fill(jtu.tree_unflatten(out_def, out_t), structs[1])
-
-    _run.defjvp(_run_jvp, symbolic_zeros=True)
-    return _run(params, init, xs, buffers)
-
-
-def _snapshots(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
-    """Snapshots of the state, replayed by the reverse sweep (states or binomial regimes)."""
-    if plan.offload is not None:
-        return _offloaded(loop, plan)
-    c = plan.checkpoints
-    schedule = (online_schedule if plan.online else offline_schedule)(loop.steps, c)
-
-    def fwd(params, init, xs, buffers):
-        state, buffers, saved = forward(loop, params, init, xs, buffers, schedule)
-        return (state, buffers), saved
-
-    def bwd(primals, saved, ct, out_structs, want):
-        del out_structs
-        params, _, xs, _ = primals
-        ct_state, ct_buffers = ct
-        return reverse(loop, params, xs, saved, ct_state, ct_buffers, c, want)
-
-    return fwd, bwd
-
-
-def _offloaded(loop: Loop, plan: Plan) -> tuple[Callable, Callable]:
-    """Snapshots every `plan.segment` steps in host memory, Revolve on the device between."""
-    segment, c = plan.segment, plan.checkpoints
-
-    def fwd(params, init, xs, buffers):
-        slots = plan.host_checkpoints
-        state, buffers, saved = _offload.forward(loop, params, init, xs, buffers, segment, slots)
-        return (state, buffers), saved
-
-    def bwd(primals, saved, ct, out_structs, want):
-        del out_structs
-        params, _, xs, _ = primals
-        ct_state, ct_buffers = ct
-        return _offload.reverse(loop, params, xs, saved, ct_state, ct_buffers, segment, c, want)
-
-    return fwd, bwd
-
-
-def _residuals(loop: Loop) -> tuple[Callable, Callable]:
-    """The VJP residuals of every step: `jax.vjp` of a masked `lax.scan` (while loops only).
-
-    Scans use `lax.scan` directly (see `checkpointed_scan`).
-    """
-
-    def fwd(params, init, xs, buffers):
-        del xs
-        return jax.vjp(lambda p, i, b: _masked_scan(loop, p, i, b), params, init, buffers)
-
-    def bwd(primals, vjp_fn, ct, out_structs, want):
-        del primals, want
-        ct_p, ct_i, ct_b = vjp_fn(_float0_fill(ct, out_structs))
-        return _inexact_part(ct_p), _inexact_part(ct_i), None, _inexact_part(ct_b)
-
-    return fwd, bwd
-
-
-def _masked_scan(loop: Loop, params, init, buffers):
-    """`lax.scan` over all `max_steps`; past the stop, a cheap skip keyed on `any_lane`."""
-
-    def body(carry, _):
-        i, state, buffers, pred = carry
-
-        def advance(state, buffers):
-            new, idx, values, _ = loop.step(params, state, None, i)
-            return new, _tree.write(buffers, idx, values)
-
-        state, buffers = lax.cond(any_lane(pred), advance, lambda s, b: (s, b), state, buffers)
-        return (i + 1, state, buffers, loop.cond(params, state)), None
-
-    carry = (jnp.array(0, jnp.int32), init, buffers, loop.cond(params, init))
-    (_, state, buffers, _), _ = lax.scan(body, carry, None, length=loop.steps)
-    return state, buffers
-
-
-def convert(fn, *example_args):
-    """Closure-convert `fn`: `(arrays, static)` so the arrays can cross the custom JVP."""
-    converted = eqx.filter_closure_convert(fn, *example_args)
-    return eqx.partition(converted, eqx.is_array)
+def _completed(part, full):
+    """`part` (inexact leaves, `None` elsewhere) completed with the zero leaves of `full`."""
+    return jtu.tree_map(lambda p, x: _zero(x) if p is None else p, part, full, is_leaf=_none)

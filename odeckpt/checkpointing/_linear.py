@@ -1,21 +1,21 @@
 """A linear map with a custom transpose, batchable: forward mode and reverse mode from one rule.
 
-`checkpointed_scan` and `bounded_while_loop` are `jax.custom_jvp` functions whose tangent is
-`linear_call(jvp_fn, vjp_fn, residuals, tangents)`. Under `jax.jvp` the primitive evaluates
-`jvp_fn` (a forward-mode loop, no storage). Under `jax.grad` JAX transposes it, which calls
-`vjp_fn`: the checkpointed reverse sweep over the snapshots in `residuals`. Under `vmap` both
-functions are vmapped over the same named axis (collectives such as `lax.pmean` work in the
-reverse sweep too), and outputs that `vmap` leaves unbatched stay unbatched. Differentiated
-again with respect to its residuals (second order), it adds the product-rule term, plain JAX
-code. Built on JAX's public extension API (`jax.extend.core.Primitive`,
+`linear_call(fun, fun_t, residuals, linear)` is `fun(residuals, linear)`, linear in `linear`,
+whose transpose is `fun_t`; unlike `jax.custom_derivatives.linear_call` it batches. Under
+`vmap` both functions are vmapped over the same named axis (collectives such as `lax.pmean` work
+in the transpose too), and outputs that `vmap` leaves unbatched stay unbatched. Differentiated
+again with respect to its residuals (second order), it adds the product-rule term. Built on
+JAX's public extension API (`jax.extend.core.Primitive`,
 `jax.interpreters.batching.fancy_primitive_batchers` for the axis name).
 """
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -45,6 +45,51 @@ def linear_call(
         out_avals=tuple(_shaped(a) for a in out_avals),
         lin_avals=tuple(_shaped(a) for a in lin_avals),
     )  # fmt: skip
+
+
+def forward_only(tree: Any, error: Exception) -> Any:
+    """`tree` unchanged, differentiable in forward mode only: reverse mode raises `error`.
+
+    Its inexact leaves pass through an identity whose transpose raises, so that `jax.jvp`,
+    `jax.jacfwd` (also under `vmap`) see the identity and `jax.grad`, `jax.vjp` and
+    `jax.jacrev` fail with `error` when they transpose it, at trace time. Use it on the
+    results of a computation whose reverse mode would be wrong or unaffordable, with an
+    `error` that names what to use instead. (`jax.custom_derivatives.linear_call` has no
+    batching rule, so `jax.jacfwd` of it fails.)
+
+    **Arguments:**
+
+    - `tree`: any pytree; leaves that are not inexact arrays pass through as they are.
+    - `error`: the exception reverse mode raises (a fresh traceback each time).
+
+    **Returns:** `tree`.
+
+    **Example:**
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> f = lambda x: forward_only(jnp.sin(x), TypeError("forward mode only: use jax.jvp"))
+    >>> float(jax.jacfwd(f)(0.0))
+    1.0
+    >>> try:
+    ...     jax.grad(f)(0.0)
+    ... except TypeError as e:
+    ...     print(e)
+    forward mode only: use jax.jvp
+
+    ```
+    """
+
+    def raise_error(residuals, cotangents):
+        del residuals, cotangents
+        raise error.with_traceback(None)
+
+    leaves, treedef = jtu.tree_flatten(tree)
+    inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    guarded = linear_call(lambda _, x: x, raise_error, [], [leaves[i] for i in inexact])
+    for i, x in zip(inexact, guarded, strict=True):
+        leaves[i] = x
+    return jtu.tree_unflatten(treedef, leaves)
 
 
 def _shaped(x):
@@ -152,8 +197,18 @@ def _out_dims(fun: Callable, vmap: Callable, in_axes, residuals, linear, n_out: 
 
     marked = lambda residuals, linear: [noted(i, x) for i, x in enumerate(fun(residuals, linear))]
     structs = lambda xs: [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
-    jax.eval_shape(vmap(marked, in_axes=in_axes), structs(residuals), structs(linear))
+    try:
+        jax.eval_shape(vmap(marked, in_axes=in_axes), structs(residuals), structs(linear))
+    except NoForwardMode:
+        # A map without a forward mode cannot be traced: take every output as batched (its
+        # transpose, the only part ever evaluated, then sees batched cotangents).
+        return [0] * n_out
     return [0 if b else None for b in batched]
+
+
+class NoForwardMode(TypeError):
+    """What the forward mode of a map differentiable in reverse mode only raises (see
+    `_custom.differentiable`)."""
 
 
 linear_p.def_impl(_impl)

@@ -1,16 +1,17 @@
 """The engine: one forward loop that stores snapshots, one reverse loop that replays a schedule.
 
 The forward loop holds one step function, the reverse loop one VJP of it and an inner loop of
-plain steps (its advances), whatever the number of steps or the schedule's depth, so compile time
-does not depend on either. The reverse loop's
-decisions come from unbatched integer arithmetic on a small table of binomials (`split`, see
-`schedules.split`), never from batched data.
+plain steps (its advances), whatever the number of steps or the schedule's depth. The forward
+loop runs the schedule's generator of stores (`schedules.Schedule`) as it steps; the reverse
+loop's decisions come from Revolve's `split` read from a small table of binomials
+(`schedules.BinomialTable`): unbatched, never from batched data, and neither sized by the
+number of steps.
 """
 
 import dataclasses
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -20,30 +21,47 @@ from jax import lax
 
 from . import _tree
 from ._vmap import any_lane
-from .schedules import Schedule, binomial_table
+from .schedules import BinomialTable, Ops, Schedule
 
 _INT = jnp.int32
+OPS = Ops(jnp, _INT, lax.cond)
+"""How the loops run a schedule's arithmetic."""
+
+
+class Stepped(NamedTuple):
+    """What one step of an `EngineLoop` returns.
+
+    - `state`: the state after the step.
+    - `index`, `values`: `values` are written to the buffers at `index` (int32 `[k]`, out of
+        range dropped; a tuple of them, one per group, for grouped buffers).
+    - `made`: the step's record of its discrete decisions (`None` if it keeps none).
+    """
+
+    state: Any
+    index: Any
+    values: Any
+    made: Any
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Loop:
-    """A loop in the engine's normal form.
+class EngineLoop:
+    """A loop in the engine's normal form, which `checkpointed_scan` and `bounded_while_loop`
+    bring theirs to.
 
-    - `step(params, state, x, i, recorded=None) -> (state, index, values, made)`: one step;
-        `values` are written to the buffers at `index` (int32 `[k]`, out of range dropped).
-        `made` is the step's record of its discrete decisions (`None` if it keeps none); the
-        reverse sweep passes it back as `recorded` when it recomputes the step, and the step
-        must then take those decisions again, so that a recomputation that rounds differently
-        (XLA compiles it separately) still follows the forward trajectory.
+    - `step(params, state, x, i, recorded=None) -> Stepped`: one step. The reverse sweep passes
+        the step's record of its decisions (`Stepped.made`) back as `recorded` when it
+        recomputes the step, which must then take those decisions again, so that a
+        recomputation that rounds differently (XLA compiles it separately) still follows the
+        forward trajectory.
     - `cond(params, state) -> bool` or `None` (a scan: run exactly `steps` steps).
     - `steps`: `n` for a scan, `max_steps` for a while loop.
-    - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     - `pack(params, state) -> packed`, `unpack(params, packed) -> state`: what a snapshot
         holds (default: the whole state). `unpack` must rebuild exactly the state that was
         packed; it runs once per restore in the reverse sweep.
+    - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     """
 
-    step: Callable[..., tuple[Any, jax.Array, Any]]
+    step: Callable[..., Stepped]
     cond: Callable[..., jax.Array] | None
     steps: int
     pack: Callable[..., Any] | None = None
@@ -59,170 +77,262 @@ class Loop:
         tree = packed.unravel()
         return tree if self.unpack is None else self.unpack(params, tree)
 
+    def predicate(self, params, state) -> jax.Array:
+        """`cond(params, state)`; `True` for a scan."""
+        return jnp.array(True) if self.cond is None else self.cond(params, state)
 
-def _x(xs, i):
+    def running(self, i, pred) -> jax.Array:
+        """Whether step `i` runs: `i < steps` and, for a while loop, `pred` holds in some lane
+        (unbatched under `vmap`)."""
+        going = i < self.steps
+        return going if self.cond is None else going & any_lane(pred)
+
+
+class LoopInputs(NamedTuple):
+    """The inputs a run of an `EngineLoop` is differentiated with respect to: `params`, the
+    initial state `init`, the per-step inputs `xs` (leading axis `steps`, or `None`) and the
+    initial contents of the output `buffers`. Also their cotangents, and (as bools) which of
+    them are wanted."""
+
+    params: Any
+    init: Any
+    xs: Any
+    buffers: Any
+
+
+class Snapshots(NamedTuple):
+    """What the forward sweep leaves for the reverse sweep.
+
+    - `steps`: the number of steps run `n`.
+    - `held`: the state before the last step (the reverse sweep starts from it).
+    - `snaps`: the snapshot slots (`Raveled`, leading axis `c`).
+    - `positions`: the position each slot holds (`-1`: empty).
+    - `tape`: each step's recorded decisions (leading axis `steps`), or `None`.
+    """
+
+    steps: jax.Array
+    held: Any
+    snaps: Any
+    positions: jax.Array
+    tape: Any
+
+
+class _Forward(NamedTuple):
+    """The forward sweep's carry: step `i` is next, `prev` is the state before `state`,
+    `stores` the schedule's next store, `pred` the loop predicate on `state`."""
+
+    i: jax.Array
+    state: Any
+    prev: Any
+    snaps: Any
+    positions: Any
+    stores: Any
+    buffers: Any
+    pred: jax.Array
+    tape: Any
+
+
+def x_at(xs, i):
+    """The per-step input of step `i` (`None` without `xs`)."""
     return None if xs is None else _tree.index(xs, i)
 
 
-def forward(loop: Loop, params, init, xs, buffers, schedule: Schedule | None):
+def step_forward(loop: EngineLoop, params, xs, carry):
+    """`carry` (a carry with fields `i`, `state`, `prev`, `buffers`, `pred`, `tape`) after
+    step `i`: writes the buffers and records the step's decisions on the tape (if any)."""
+    stepped = loop.step(params, carry.state, x_at(xs, carry.i), carry.i)
+    buffers = _tree.write(carry.buffers, stepped.index, stepped.values)
+    tape = carry.tape
+    if tape is not None:
+        tape = _tree.update(tape, stepped.made, carry.i)
+    return carry._replace(
+        i=carry.i + 1, state=stepped.state, prev=carry.state, buffers=buffers,
+        pred=loop.predicate(params, stepped.state), tape=tape,
+    )  # fmt: skip
+
+
+def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
     """Run the loop; with a `schedule`, store snapshots as it says.
 
-    Returns `(state, buffers, residuals)`; `residuals = (n, held, snaps, pos, tape)` (the
-    number of steps run, the state before the last step, the snapshot array, the position each
-    slot holds, and each step's recorded decisions or `None`), or `None` without a schedule.
+    Returns `((state, buffers), saved)`, `saved` the `Snapshots` (`None` without a schedule).
     """
+    params, init, xs, buffers = inputs
     save = schedule is not None
-    record = save and loop.decisions is not None
-    tape = _tree.stack_zeros(loop.decisions, loop.steps) if record else None
+    snaps = positions = stores = tape = None
     if save:
         c = schedule.checkpoints
-        # position i is decided one step later, at iteration i + 1 (see `Schedule`)
-        table = jnp.asarray(np.concatenate([[-1, -1], schedule.store[1:-1]]), _INT)
         packed = loop.packed(params, init)
         snaps = _tree.update(_tree.stack_zeros(packed, c), packed, 0)
-        pos = jnp.full((c,), -1, _INT).at[0].set(0)
-    else:
-        snaps = pos = None
-    pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
-    carry = (jnp.array(0, _INT), init, init, snaps, pos, buffers, pred, tape)
+        positions = jnp.full((c,), -1, _INT).at[0].set(0)
+        stores = schedule.start(OPS)  # the next store: its position and slot
+        if loop.decisions is not None:
+            tape = _tree.stack_zeros(loop.decisions, loop.steps)
+    pred = loop.predicate(params, init)
+    carry = _Forward(jnp.array(0, _INT), init, init, snaps, positions, stores, buffers, pred, tape)
 
-    def keep_going(carry):
-        i, *_, pred, _ = carry
-        going = i < loop.steps
-        return going if loop.cond is None else going & any_lane(pred)
-
-    def body(carry):
-        i, state, prev, snaps, pos, buffers, _, tape = carry
+    def body(carry: _Forward) -> _Forward:
         if save:
-            slot = table[i]
-            snaps = _store(snaps, slot >= 0, slot, loop.packed(params, prev))
-            pos = jnp.where(slot >= 0, pos.at[slot].set(i - 1), pos)
-        new, idx, values, made = loop.step(params, state, _x(xs, i), i)
-        buffers = _tree.write(buffers, idx, values)
-        if record:
-            tape = _tree.update(tape, made, i)
-        pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-        return i + 1, new, state, snaps, pos, buffers, pred, tape
+            # position i - 1 is decided one step later, at iteration i (see `Schedule`)
+            i, slot = carry.i, carry.stores.slot
+            hit = carry.stores.position == i - 1
+            carry = carry._replace(
+                snaps=_store(carry.snaps, hit, slot, loop.packed(params, carry.prev)),
+                positions=jnp.where(hit, carry.positions.at[slot].set(i - 1), carry.positions),
+                stores=lax.cond(hit, lambda s: schedule.advance(s, OPS), lambda s: s, carry.stores),
+            )  # fmt: skip
+        return step_forward(loop, params, xs, carry)
 
-    n, state, held, snaps, pos, buffers, _, tape = lax.while_loop(keep_going, body, carry)
-    return state, buffers, ((n, held, snaps, pos, tape) if save else None)
+    carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), body, carry)
+    saved = Snapshots(carry.i, carry.prev, carry.snaps, carry.positions, carry.tape)
+    return (carry.state, carry.buffers), (saved if save else None)
 
 
-def _split(table, length, free):
-    """`schedules.split(length, free)` from the binomial table (valid for length, free >= 2)."""
-    free = jnp.clip(free, 2, table.shape[0] - 1)
-    length = jnp.maximum(length, 2)
-    row, row_below = table[free], table[free - 1]
-    r = jnp.sum(row < length, dtype=_INT)
-    return jnp.minimum(row[r - 1], length - row_below[r - 1])
+class Reversal(NamedTuple):
+    """The reverse sweep's carry.
+
+    - `end`: steps `end, ...` are reversed; step `end - 1` is next.
+    - `cur`: the position of the state in hand, `held` (`-1`: none, restore a snapshot).
+    - `k`, `stack`: `stack[:k]` are the stored positions, sorted.
+    - `snaps`: the snapshot slots.
+    - `cts`: the cotangents (`LoopInputs`): of the state after step `end - 1` (`init`), and
+        those accumulated for `params`, `xs` and the buffers.
+    """
+
+    end: jax.Array
+    cur: jax.Array
+    k: jax.Array
+    stack: jax.Array
+    held: Any
+    snaps: Any
+    cts: LoopInputs
+
+
+class _Advance(NamedTuple):
+    """The carry of a reversal's inner loop of plain steps: the state `held` at `cur`, and the
+    stack and slots it may store into."""
+
+    cur: jax.Array
+    k: jax.Array
+    stack: jax.Array
+    held: Any
+    snaps: Any
 
 
 def reverse(
-    loop: Loop, params, xs, residuals, ct_state, ct_buffers, checkpoints: int,
-    want: tuple[bool, bool] = (True, True),
-):  # fmt: skip
-    """Replay the schedule backwards from the snapshots; returns the input cotangents.
-
-    Returns `(ct_params, ct_init, ct_xs, ct_buffers)` for the inexact leaves (`None`
-    elsewhere), `ct_buffers` being the cotangent of the initial buffer contents. `want` says
-    whether the cotangents of `params` and `xs` are needed (else `None`: no `[n, ...]` buffer
-    for constant `xs`).
+    loop: EngineLoop, inputs: LoopInputs, saved: Snapshots, ct_out, checkpoints: int,
+    binomials: np.ndarray | None, want: LoopInputs,
+) -> LoopInputs:  # fmt: skip
+    """Replay the schedule backwards from the snapshots; returns the cotangents of `inputs`
+    (inexact leaves, `None` elsewhere, and `None` for `params` and `xs` unless `want`ed:
+    no `[n, ...]` buffer for constant `xs`), `buffers` the cotangent of the initial buffer
+    contents. `ct_out`: the cotangent of `(state, buffers)`. `binomials`: the schedule's
+    (`Schedule.binomials`), or `None` when every state is stored (no advance).
     """
-    n, held, snaps, pos, tape = residuals
-    c = checkpoints
+    positions = saved.positions
     big = jnp.iinfo(_INT).max
-    perm = jnp.argsort(jnp.where(pos >= 0, pos, big)).astype(_INT)
-    stack = pos[perm]
-    k = jnp.sum(pos >= 0).astype(_INT)
-    ct_params, ct_xs = cotangent_zeros(params, xs, want)
-    body = reverse_body(loop, params, xs, tape, c, loop.steps, perm, want)
-    carry = (n, n - 1, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
-    out = lax.while_loop(lambda carry: carry[0] > 0, body, carry)
-    ct_state, ct_params, ct_xs, ct_buffers = out[6:]
-    return ct_params, ct_state, ct_xs, ct_buffers
+    perm = jnp.argsort(jnp.where(positions >= 0, positions, big)).astype(_INT)
+    k = jnp.sum(positions >= 0).astype(_INT)
+    body = reverse_body(loop, inputs, saved.tape, checkpoints, binomials, perm, want)
+    cts = initial_cotangents(inputs, ct_out, want)
+    n = saved.steps
+    carry = Reversal(n, n - 1, k, positions[perm], saved.held, saved.snaps, cts)
+    return lax.while_loop(lambda carry: carry.end > 0, body, carry).cts
 
 
-def cotangent_zeros(params, xs, want: tuple[bool, bool]):
-    """Zero cotangents `(ct_params, ct_xs)` of the inexact leaves, `None` where not wanted."""
-    want_params, want_xs = want
-    ct_params = _tree.zeros_like(_tree.split_inexact(params)[0]) if want_params else None
-    ct_xs = None if xs is None or not want_xs else _tree.zeros_like(_tree.split_inexact(xs)[0])
-    return ct_params, ct_xs
+def initial_cotangents(inputs: LoopInputs, ct_out, want: LoopInputs) -> LoopInputs:
+    """The reverse sweep's cotangents before it starts: those of the final state and buffers
+    (`ct_out`), and zeros for the inexact leaves of `params` and `xs` where wanted."""
+    ct_state, ct_buffers = _tree.split_inexact(ct_out)[0]
+    zeros = lambda tree: _tree.zeros_like(_tree.split_inexact(tree)[0])
+    ct_params = zeros(inputs.params) if want.params else None
+    ct_xs = None if inputs.xs is None or not want.xs else zeros(inputs.xs)
+    return LoopInputs(ct_params, ct_state, ct_xs, ct_buffers)
 
 
 def reverse_body(
-    loop: Loop, params, xs, tape, c: int, length: int, perm, want: tuple[bool, bool]
-):  # fmt: skip
-    """One iteration of the reverse sweep, which reverses one step, on the carry `(end, cur,
-    k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)`: restore the top snapshot
+    loop: EngineLoop, inputs: LoopInputs, tape, c: int, binomials: np.ndarray | None, perm,
+    want: LoopInputs,
+) -> Callable[[Reversal], Reversal]:  # fmt: skip
+    """One iteration of the reverse sweep, which reverses one step: restore the top snapshot
     unless the state before step `end - 1` is in hand (`cur = end - 1`: the first iteration),
     advance from it to `end - 1` in an inner loop of plain steps, storing the states Revolve's
-    split says, then reverse step `end - 1`. `stack[:k]` are the stored positions (sorted),
-    `perm[j]` the slot of `stack[j]`; `length` bounds the segments reversed (`c` slots, the
-    table of binomials sized for it).
+    split says, then reverse step `end - 1`. `perm[j]` is the slot of `stack[j]`; `binomials`
+    is the table `split` reads (`None` when every state is stored: the restored snapshot is
+    always the state before step `end - 1`).
     """
-    want_params, want_xs = want
-    recorded = lambda cur: None if tape is None else _tree.index(tape, cur)
-    # With a slot for every step the forward sweep stores every state: no advance, no table.
-    table = jnp.asarray(binomial_table(c, length), _INT) if c < length else None
-    params_f, params_rest = _tree.split_inexact(params)
+    params, xs = inputs.params, inputs.xs
+    table = None if binomials is None else BinomialTable(jnp.asarray(binomials, _INT), OPS)
+    vjp_step = _vjp_step(loop, inputs, tape, want)
 
-    def vjp_step(cur, state, ct_state, ct_params, ct_buffers):
-        state_f, state_rest = _tree.split_inexact(state)
-        x = _x(xs, cur)
-        x_f, x_rest = _tree.split_inexact(x)
-
-        def f(p_f, s_f, xx_f):
-            p_f = p_f if want_params else params_f
-            xx_f = xx_f if want_xs else x_f
-            new, idx, values, _ = loop.step(
-                _combine(p_f, params_rest), _combine(s_f, state_rest), _combine(xx_f, x_rest), cur,
-                recorded(cur),
-            )  # fmt: skip
-            return (_tree.split_inexact(new)[0], _tree.split_inexact(values)[0]), idx
-
-        diff = (params_f if want_params else None, state_f, x_f if want_xs else None)
-        _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
-        ct_p, ct_s, ct_x = vjp_fn((ct_state, _tree.gather(ct_buffers, idx)))
-        if want_params:
-            ct_params = _tree.add(ct_params, ct_p)
-        return ct_s, ct_params, ct_x, idx
-
-    def advance(end, inner):
+    def advance(end, inner: _Advance) -> _Advance:
         """Step `cur` of the inner loop: store the state in hand if the split says so."""
-        cur, k, stack, held, snaps = inner
-        top = stack[k - 1]
-        free = c - k + 1
-        split = 1 if table is None else _split(table, end - top, free)
-        push = (free >= 2) & (cur == top + split)
-        snaps = _store(snaps, push, perm[jnp.minimum(k, c - 1)], loop.packed(params, held))
-        stack = jnp.where(push, stack.at[jnp.minimum(k, c - 1)].set(cur), stack)
-        held = loop.step(params, held, _x(xs, cur), cur, recorded(cur))[0]
-        return cur + 1, k + push.astype(_INT), stack, held, snaps
+        top = inner.stack[inner.k - 1]
+        free = c - inner.k + 1
+        push = (free >= 2) & (inner.cur == top + table.split(end - top, free))
+        slot = jnp.minimum(inner.k, c - 1)
+        snaps = _store(inner.snaps, push, perm[slot], loop.packed(params, inner.held))
+        stack = jnp.where(push, inner.stack.at[slot].set(inner.cur), inner.stack)
+        stepped = loop.step(
+            params, inner.held, x_at(xs, inner.cur), inner.cur, _at(tape, inner.cur)
+        )
+        return _Advance(inner.cur + 1, inner.k + push.astype(_INT), stack, stepped.state, snaps)
 
-    def body(carry):
-        end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
+    def body(carry: Reversal) -> Reversal:
         # Every iteration but the first (which holds the state before the last step) restores
         # the top snapshot.
-        restore = lambda: loop.unpacked(params, _tree.index(snaps, perm[k - 1]))
-        held = lax.cond(cur < 0, restore, lambda: held)
-        cur = jnp.where(cur < 0, stack[k - 1], cur)
+        restore = lambda: loop.unpacked(params, _tree.index(carry.snaps, perm[carry.k - 1]))
+        held = lax.cond(carry.cur < 0, restore, lambda: carry.held)
+        cur = jnp.where(carry.cur < 0, carry.stack[carry.k - 1], carry.cur)
+        inner = _Advance(cur, carry.k, carry.stack, held, carry.snaps)
         if table is not None:
-            # With a slot for every step, the snapshot restored is the state before step
+            # With every state stored, the snapshot restored is the state before step
             # `end - 1`: no advance, and no copy of the step compiled for one.
-            inner = (cur, k, stack, held, snaps)
-            inner = lax.while_loop(lambda inner: inner[0] < end - 1, partial(advance, end), inner)
-            _, k, stack, held, snaps = inner
-        ct_state, ct_params, ct_x, idx = vjp_step(end - 1, held, ct_state, ct_params, ct_buffers)
-        ct_buffers = _tree.clear(ct_buffers, idx)
-        if ct_xs is not None:
-            ct_xs = _tree.update(ct_xs, ct_x, end - 1)
-        end = end - 1
-        k = k - (end == stack[k - 1]).astype(_INT)
-        cur = jnp.array(-1, _INT)
-        return end, cur, k, stack, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
+            going = lambda inner: inner.cur < carry.end - 1
+            inner = lax.while_loop(going, partial(advance, carry.end), inner)
+        end = carry.end - 1
+        cts = vjp_step(end, inner.held, carry.cts)
+        k = inner.k - (end == inner.stack[inner.k - 1]).astype(_INT)
+        return Reversal(end, jnp.array(-1, _INT), k, inner.stack, inner.held, inner.snaps, cts)
 
     return body
+
+
+def _vjp_step(loop: EngineLoop, inputs: LoopInputs, tape, want: LoopInputs):
+    """`vjp_step(i, state, cts) -> cts`: the cotangents after reversing step `i` from `state`.
+
+    Only the inexact leaves are differentiated, and `params` and `xs` only where wanted."""
+    params_f, params_rest = _tree.split_inexact(inputs.params)
+
+    def vjp_step(i, state, cts: LoopInputs) -> LoopInputs:
+        state_f, state_rest = _tree.split_inexact(state)
+        x_f, x_rest = _tree.split_inexact(x_at(inputs.xs, i))
+
+        def f(p_f, s_f, xx_f):
+            p_f = p_f if want.params else params_f
+            xx_f = xx_f if want.xs else x_f
+            stepped = loop.step(
+                eqx.combine(p_f, params_rest), eqx.combine(s_f, state_rest),
+                eqx.combine(xx_f, x_rest), i, _at(tape, i),
+            )  # fmt: skip
+            new, values = _tree.split_inexact((stepped.state, stepped.values))[0]
+            return (new, values), stepped.index
+
+        diff = (params_f if want.params else None, state_f, x_f if want.xs else None)
+        _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
+        ct_p, ct_s, ct_x = vjp_fn((cts.init, _tree.gather(cts.buffers, idx)))
+        return LoopInputs(
+            params=_tree.add(cts.params, ct_p) if want.params else cts.params,
+            init=ct_s,
+            xs=None if cts.xs is None else _tree.update(cts.xs, ct_x, i),
+            buffers=_tree.clear(cts.buffers, idx),
+        )
+
+    return vjp_step
+
+
+def _at(tape, i):
+    """Step `i`'s recorded decisions (`None` without a tape)."""
+    return None if tape is None else _tree.index(tape, i)
 
 
 def _store(stack, pred, i, value):
@@ -230,7 +340,3 @@ def _store(stack, pred, i, value):
     the write is dropped: in place, one fused write per leaf, with no conditional."""
     i = jnp.where(pred, i, jax.tree.leaves(stack)[0].shape[0])
     return jax.tree.map(lambda s, v: s.at[i].set(v, mode="drop"), stack, value)
-
-
-def _combine(a, b):
-    return eqx.combine(a, b)

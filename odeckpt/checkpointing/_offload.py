@@ -6,94 +6,118 @@ device per iteration, unconditionally: a host buffer is only ever written by a
 `dynamic_update_slice` of a value just moved to the host and read by a `dynamic_slice` moved
 straight back, outside every `lax.cond` (see `_host`). The inner loops are the single-level
 engine's: the forward one holds one step function, the reverse one `reverse_body` (one step
-and one VJP), so compile time depends on neither `n` nor `segment`.
+and one VJP).
 """
 
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import _host, _tree
-from ._loop import Loop, cotangent_zeros, reverse_body
-from ._vmap import any_lane
+from ._loop import EngineLoop, LoopInputs, Reversal, initial_cotangents, reverse_body, step_forward
 
 _INT = jnp.int32
 
 
-def forward(loop: Loop, params, init, xs, buffers, segment: int, slots: int):
-    """Run the loop, storing the state at positions `0, segment, 2 segment, ...` in host memory.
+class HostSnapshots(NamedTuple):
+    """What the two-level forward sweep leaves for the reverse sweep: the number of steps run,
+    the state before the last step, the host buffers (a snapshot per segment) and each step's
+    recorded decisions or `None`."""
 
-    Returns `(state, buffers, residuals)`; `residuals = (n, held, host, tape)`: the number of
-    steps run, the state before the last step, the host buffers (`slots` snapshots) and each
-    step's recorded decisions or `None`.
-    """
-    record = loop.decisions is not None
-    tape = _tree.stack_zeros(loop.decisions, loop.steps) if record else None
+    steps: jax.Array
+    held: Any
+    host: Any
+    tape: Any
+
+
+class _Segments(NamedTuple):
+    """The two-level forward sweep's outer carry (see `_loop._Forward`)."""
+
+    i: jax.Array
+    state: Any
+    prev: Any
+    host: Any
+    buffers: Any
+    pred: jax.Array
+    tape: Any
+
+
+class _Steps(NamedTuple):
+    """The carry of the steps within one segment."""
+
+    i: jax.Array
+    state: Any
+    prev: Any
+    buffers: Any
+    pred: jax.Array
+    tape: Any
+
+
+def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
+    """Run the loop, storing the state at positions `0, segment, 2 segment, ...` in host memory
+    (`slots` snapshots). Returns `((state, buffers), saved)`, `saved` the `HostSnapshots`."""
+    params, init, xs, buffers = inputs
+    tape = None if loop.decisions is None else _tree.stack_zeros(loop.decisions, loop.steps)
     host = _host.allocate(loop.packed(params, init), slots, (init, params, xs))
-    pred = jnp.array(True) if loop.cond is None else loop.cond(params, init)
+    pred = loop.predicate(params, init)
 
-    def going(i, pred):
-        going = i < loop.steps
-        return going if loop.cond is None else going & any_lane(pred)
-
-    def run_segment(carry):
-        i, state, prev, host, buffers, pred, tape = carry
+    def run_segment(carry: _Segments) -> _Segments:
         # The segment's start goes to the host only now that its first step is known to run.
-        host = _host.store(host, loop.packed(params, state), i // segment)
-        stop = jnp.minimum(i + segment, loop.steps)
+        host = _host.store(carry.host, loop.packed(params, carry.state), carry.i // segment)
+        stop = jnp.minimum(carry.i + segment, loop.steps)
+        steps = _Steps(carry.i, carry.state, carry.prev, carry.buffers, carry.pred, carry.tape)
+        going = lambda steps: (steps.i < stop) & loop.running(steps.i, steps.pred)
+        steps = lax.while_loop(going, partial(step_forward, loop, params, xs), steps)
+        return _Segments(steps.i, steps.state, steps.prev, host, steps.buffers, steps.pred,
+                         steps.tape)  # fmt: skip
 
-        def body(inner):
-            i, state, _, buffers, _, tape = inner
-            new, idx, values, made = loop.step(params, state, _x(xs, i), i)
-            buffers = _tree.write(buffers, idx, values)
-            if record:
-                tape = _tree.update(tape, made, i)
-            pred = jnp.array(True) if loop.cond is None else loop.cond(params, new)
-            return i + 1, new, state, buffers, pred, tape
+    carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape)
+    carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
+    saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape)
+    return (carry.state, carry.buffers), saved
 
-        inner = (i, state, prev, buffers, pred, tape)
-        inner = lax.while_loop(lambda c: (c[0] < stop) & going(c[0], c[4]), body, inner)
-        i, state, prev, buffers, pred, tape = inner
-        return i, state, prev, host, buffers, pred, tape
 
-    carry = (jnp.array(0, _INT), init, init, host, buffers, pred, tape)
-    carry = lax.while_loop(lambda c: going(c[0], c[5]), run_segment, carry)
-    n, state, held, host, buffers, _, tape = carry
-    return state, buffers, (n, held, host, tape)
+class _SegmentReversal(NamedTuple):
+    """The two-level reverse sweep's outer carry: segment `j` is next (see `_loop.Reversal`)."""
+
+    end: jax.Array
+    cur: jax.Array
+    j: jax.Array
+    held: Any
+    snaps: Any
+    cts: LoopInputs
 
 
 def reverse(
-    loop: Loop, params, xs, residuals, ct_state, ct_buffers, segment: int, checkpoints: int,
-    want: tuple[bool, bool] = (True, True),
-):  # fmt: skip
+    loop: EngineLoop, inputs: LoopInputs, saved: HostSnapshots, ct_out, segment: int,
+    checkpoints: int, binomials: np.ndarray | None, want: LoopInputs,
+) -> LoopInputs:  # fmt: skip
     """Reverse the segments last to first: copy the segment's start from the host into device
-    slot 0, then run the single-level reverse sweep down to it with `checkpoints` device slots.
+    slot 0, then run the single-level reverse sweep down to it with `checkpoints` device slots
+    and Revolve's `binomials` for one segment (`None` for one-step segments: no advance).
 
-    Returns `(ct_params, ct_init, ct_xs, ct_buffers)` as `_loop.reverse`.
+    Returns the cotangents of `inputs` as `_loop.reverse`.
     """
-    n, held, host, tape = residuals
     c = checkpoints
-    ct_params, ct_xs = cotangent_zeros(params, xs, want)
     perm = jnp.arange(c, dtype=_INT)
-    body = reverse_body(loop, params, xs, tape, c, segment, perm, want)
-    snaps = _tree.stack_zeros(loop.packed(params, held), c)
+    body = reverse_body(loop, inputs, saved.tape, c, binomials, perm, want)
+    snaps = _tree.stack_zeros(loop.packed(inputs.params, saved.held), c)
 
-    def run_segment(carry):
-        end, cur, j, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = carry
-        bottom = j * segment
-        snaps = _tree.update(snaps, _host.load(host, j), 0)
+    def run_segment(carry: _SegmentReversal) -> _SegmentReversal:
+        bottom = carry.j * segment
+        snaps = _tree.update(carry.snaps, _host.load(saved.host, carry.j), 0)
         stack = jnp.full((c,), -1, _INT).at[0].set(bottom)
-        inner = (end, cur, jnp.array(1, _INT), stack, held, snaps, ct_state, ct_params, ct_xs,
-                 ct_buffers)  # fmt: skip
-        inner = lax.while_loop(lambda inner: inner[0] > bottom, body, inner)
-        end, cur, _, _, held, snaps, ct_state, ct_params, ct_xs, ct_buffers = inner
-        return end, cur, j - 1, held, snaps, ct_state, ct_params, ct_xs, ct_buffers
+        one = jnp.array(1, _INT)
+        inner = Reversal(carry.end, carry.cur, one, stack, carry.held, snaps, carry.cts)
+        inner = lax.while_loop(lambda inner: inner.end > bottom, body, inner)
+        return _SegmentReversal(inner.end, inner.cur, carry.j - 1, inner.held, inner.snaps,
+                                inner.cts)  # fmt: skip
 
-    last = (n - 1) // segment
-    carry = (n, n - 1, last, held, snaps, ct_state, ct_params, ct_xs, ct_buffers)
-    out = lax.while_loop(lambda carry: carry[0] > 0, run_segment, carry)
-    ct_state, ct_params, ct_xs, ct_buffers = out[5:]
-    return ct_params, ct_state, ct_xs, ct_buffers
-
-
-def _x(xs, i):
-    return None if xs is None else _tree.index(xs, i)
+    n = saved.steps
+    cts = initial_cotangents(inputs, ct_out, want)
+    carry = _SegmentReversal(n, n - 1, (n - 1) // segment, saved.held, snaps, cts)
+    return lax.while_loop(lambda carry: carry.end > 0, run_segment, carry).cts

@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from . import _host, _tree
-from ._custom import convert, run
-from ._loop import Loop
-from .schedules import Plan, plan
+from . import _host, _tree, schedules
+from ._custom import convert
+from ._loop import EngineLoop, LoopInputs, Stepped
+from ._regimes import check_plan, run
+from .schedules import Plan
 
 
 def _length(xs, length) -> int:
@@ -54,6 +55,9 @@ def scan_plan(
 ) -> Plan:  # fmt: skip
     """The `Plan` that `checkpointed_scan` with the same arguments follows.
 
+    Pass it to `checkpointed_scan(f, init, xs, length, plan=...)` to plan once (the plan traces
+    the step's VJP to size its residuals).
+
     **Example:**
 
     ```python
@@ -74,18 +78,18 @@ def scan_plan(
     _check_body(f, init, x)
     step = lambda c, x: f(c, x)[0]
     residuals = jax.eval_shape(lambda c, x: jtu.tree_leaves(jax.vjp(step, c, x)[1]), init, x)
-    the_plan = plan(n, _tree.nbytes(init), _tree.nbytes(residuals), checkpoints=checkpoints,
-                    memory_budget=memory_budget, offload=offload)  # fmt: skip
+    plan = schedules.plan(n, _tree.nbytes(init), _tree.nbytes(residuals), checkpoints=checkpoints,
+                          memory_budget=memory_budget, offload=offload)  # fmt: skip
     if offload is not None:
         _host.check_host_memory("checkpointed_scan")
-    return the_plan
+    return plan
 
 
 def checkpointed_scan(
     f: Callable, init: Any, xs: Any = None, length: int | None = None, *,
     checkpoints: int | dict[str, int] | None = None,
     memory_budget: int | str | dict[str, int | str] | None = None,
-    offload: Literal["host"] | None = None,
+    offload: Literal["host"] | None = None, plan: Plan | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """`lax.scan` with a reverse pass whose memory you choose: Revolve binomial checkpointing.
 
@@ -112,6 +116,9 @@ def checkpointed_scan(
         `schedules.plan` for the defaults (device: 4 slots; host: 4 GiB). Raises a
         `ValueError` on a backend without host memory. On CPU host and device memory are the
         same RAM: the schedule runs, nothing is copied.
+    - `plan`: a `Plan` made by `scan_plan` for this scan, instead of `checkpoints`,
+        `memory_budget` and `offload` (plan once). Raises if both are given, or if the plan
+        was made for another length or carry size.
 
     **Returns:** `(carry, ys)`, differentiable in reverse mode (`jax.grad`, `jax.vjp`: the
     checkpointed reverse sweep) and in forward mode (`jax.jvp`: a forward-mode loop, no
@@ -133,6 +140,10 @@ def checkpointed_scan(
     ...     f, x0, jnp.ones((100, 3)), checkpoints=host, offload="host")[0].sum()
     >>> bool(jnp.allclose(jax.grad(off)(jnp.ones(3)), jax.grad(ref)(jnp.ones(3))))
     True
+    >>> plan = scan_plan(f, jnp.ones(3), jnp.ones((100, 3)), checkpoints=5)  # plan once
+    >>> planned = lambda x0: checkpointed_scan(f, x0, jnp.ones((100, 3)), plan=plan)[0].sum()
+    >>> bool(jnp.allclose(jax.grad(planned)(jnp.ones(3)), jax.grad(ref)(jnp.ones(3))))
+    True
 
     ```
 
@@ -142,20 +153,27 @@ def checkpointed_scan(
     for optimal offline checkpointing", SIAM J. Sci. Comput. 31(3); Aupy & Herrmann (2019),
     "Periodicity in optimal hierarchical checkpointing schemes for adjoint computations".
     """
-    the_plan = scan_plan(f, init, xs, length, checkpoints=checkpoints,
+    if plan is None:
+        plan = scan_plan(f, init, xs, length, checkpoints=checkpoints,
                          memory_budget=memory_budget, offload=offload)  # fmt: skip
-    n = the_plan.steps
-    if the_plan.regime == "residuals":
+    else:
+        snapshot_bytes, n = _tree.nbytes(_tree.strong(init)), _length(xs, length)
+        budget = dict(checkpoints=checkpoints, memory_budget=memory_budget, offload=offload)
+        check_plan(plan, "checkpointed_scan", "scan_plan", snapshot_bytes, n, **budget)
+        if plan.offload is not None:
+            _host.check_host_memory("checkpointed_scan")
+    n = plan.steps
+    if plan.regime == "residuals":
         return lax.scan(f, init, xs, length=n)
     init = _tree.strong(init)
     x = _example_x(xs)
     y_struct = _check_body(f, init, x)
     params, static = convert(f, init, x)
 
-    def step(params, state, x, i, recorded=None):
+    def step(params, state, x, i, recorded=None) -> Stepped:
         del recorded
         state, y = eqx.combine(params, static)(state, x)
-        return state, i[None], jtu.tree_map(lambda a: a[None], y), None
+        return Stepped(state, i[None], jtu.tree_map(lambda a: a[None], y), None)
 
     buffers = _tree.stack_zeros(y_struct, n)
-    return run(Loop(step, None, n), the_plan, params, init, xs, buffers)
+    return run(EngineLoop(step, None, n), lambda: plan, LoopInputs(params, init, xs, buffers))

@@ -11,7 +11,15 @@ from jax import lax
 
 
 def is_inexact(x) -> bool:
-    """Whether `x` is an array (or a typed scalar literal) of floating or complex dtype."""
+    """Whether `x` is an array (or a typed scalar literal) of floating or complex dtype, or a
+    Python `float` or `complex`.
+
+    Python scalars count: inside a custom JVP rule, the primal of a value traced by `jax.jvp`
+    or `jax.jacfwd` from a Python float (a loop body closing over the differentiated input) is
+    that float itself, and its tangent must be kept.
+    """
+    if isinstance(x, float | complex):
+        return True
     dtype = getattr(x, "dtype", None)
     return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
 

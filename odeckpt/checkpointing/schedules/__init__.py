@@ -1,8 +1,11 @@
 """Checkpoint schedules as data: planning, cost model and simulator, in pure Python and NumPy.
 
 Importing this package does not import JAX: schedules are planned at trace time from static step
-counts and tested on their own. The JAX loops of `odeckpt.checkpointing` only look values up in
-the tables built here.
+counts and tested on their own. A schedule is a generator of stores run from a few integers per
+slot (`Schedule`), with a table of binomials of `O(c r)` entries (`BinomialTable`): nothing is
+sized by the number of steps. Both are written against an array namespace (`Ops`): the JAX loops
+of `odeckpt.checkpointing` run the same generator as they step and read the same table with the
+same arithmetic.
 
 - `offline_schedule(n, c)`: Revolve, optimal `t(n, c)` forward steps (Griewank 1992; Griewank &
   Walther 2000, ACM TOMS 26, Algorithm 799).
@@ -15,9 +18,9 @@ the tables built here.
 """
 
 from ._binomial import (
+    BinomialTable as BinomialTable,
     binomial as binomial,
     binomial_table as binomial_table,
-    offline_schedule as offline_schedule,
     optimal_cost as optimal_cost,
     repetition_number as repetition_number,
     split as split,
@@ -25,9 +28,12 @@ from ._binomial import (
 from ._multistage import (
     host_slots as host_slots,
     offload_cost as offload_cost,
+    offload_recomputations as offload_recomputations,
     segment_cost as segment_cost,
 )
+from ._offline import offline_schedule as offline_schedule
 from ._online import online_schedule as online_schedule
+from ._ops import Ops as Ops
 from ._planner import (
     DEFAULT_HOST_MEMORY_BUDGET as DEFAULT_HOST_MEMORY_BUDGET,
     DEFAULT_MEMORY_BUDGET as DEFAULT_MEMORY_BUDGET,
@@ -47,6 +53,8 @@ __all__ = [
     "DEFAULT_HOST_MEMORY_BUDGET",
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_MIN_CHECKPOINTS",
+    "BinomialTable",
+    "Ops",
     "Plan",
     "Schedule",
     "Simulation",
@@ -55,6 +63,7 @@ __all__ = [
     "host_slots",
     "offline_schedule",
     "offload_cost",
+    "offload_recomputations",
     "online_schedule",
     "optimal_cost",
     "parse_memory",

@@ -8,12 +8,14 @@ References:
   for the reverse or adjoint mode of computational differentiation", ACM TOMS 26(1).
 """
 
+import dataclasses
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
-from ._schedule import Schedule
+from ._ops import NUMPY, Ops
 
 
 def binomial(s: int, r: int) -> int:
@@ -51,11 +53,13 @@ def repetition_number(n: int, c: int) -> int:
     return r
 
 
+@functools.lru_cache(maxsize=2**16)
 def optimal_cost(n: int, c: int) -> int:
     """Minimal number of forward steps `t(n, c) = r*n - C(c+r, r-1)` to reverse `n` steps.
 
     Counts every forward step, the first sweep from `0` to `n - 1` included, but not the `n`
-    reverse steps (Griewank 1992, Griewank & Walther 2000).
+    reverse steps (Griewank 1992, Griewank & Walther 2000). Evaluates
+    `BinomialTable.optimal_cost`, the arithmetic the JAX loops run.
 
     **Example:**
 
@@ -65,10 +69,11 @@ def optimal_cost(n: int, c: int) -> int:
 
     ```
     """
-    r = repetition_number(n, c)
-    return r * n - binomial(c + 1, r - 1)
+    _check(n, c)
+    return int(_exact_table(n, c).optimal_cost(n, c))
 
 
+@functools.lru_cache(maxsize=2**16)
 def split(length: int, snapshots: int) -> int:
     """Optimal first advance `m` for reversing `length` steps with `snapshots` slots.
 
@@ -76,58 +81,113 @@ def split(length: int, snapshots: int) -> int:
     `beta(s, r-2) <= m <= beta(s, r-1)` and `beta(s-1, r-1) <= length - m <= beta(s-1, r)` is
     optimal, because `t(., s)` is convex and piecewise linear with slope `r` on
     `(beta(s, r-1), beta(s, r)]`; we return the largest such `m`. With one slot there is no
-    split: advance to the last step (`m = length - 1`).
+    split: advance to the last step (`m = length - 1`). Evaluates `BinomialTable.split`, the
+    arithmetic the JAX loops run.
+
+    **Example:**
+
+    ```python
+    >>> split(10, 3), split(10, 10), split(10, 1)
+    (4, 1, 9)
+
+    ```
     """
     if length < 2:
         raise ValueError(f"split needs length >= 2, got {length}")
     if snapshots <= 1:
         return length - 1
-    r = repetition_number(length, snapshots)
-    return min(binomial(snapshots, r - 1), length - binomial(snapshots - 1, r - 1))
+    return int(_exact_table(length, snapshots).split(length, snapshots))
 
 
-def binomial_table(c: int, length: int) -> np.ndarray:
+def binomial_table(c: int, length: int, *, repetitions: int | None = None) -> np.ndarray:
     """`table[s, r] = min(beta(s, r), length + 1)` for `s <= c` and every `r` that matters.
 
-    The JAX loops compute `split` from this small table with integer arithmetic:
-    `r = sum(table[s] < L)` and `m = min(table[s, r-1], L - table[s-1, r-1])`.
-    """
-    rmax = 1 if c < 2 else repetition_number(max(length, 2), 2) + 1
-    cap = length + 1
-    table = np.zeros((c + 1, rmax + 1), dtype=np.int64)
-    for s in range(c + 1):
-        for r in range(rmax + 1):
-            table[s, r] = min(binomial(s, r), cap)
-    return table
-
-
-@functools.lru_cache(maxsize=64)
-def offline_schedule(n: int, c: int) -> Schedule:
-    """Revolve's first sweep for `n` steps with `c` snapshots, as a `Schedule`.
-
-    Position `0` goes to slot `0`; then, from the last stored position `p` with `s` slots left,
-    the next one is `p + split(n - p, s)`, until one slot is left or the next position would be
-    the last step (which the loop keeps in hand anyway).
+    `BinomialTable` reads Revolve's arithmetic from it for any `L <= length` whose repetition
+    number with `s` slots is at most `repetitions` (default: every `L <= length` and
+    `2 <= s <= c`). The columns go to `repetitions + 1`.
 
     **Example:**
 
     ```python
-    >>> offline_schedule(10, 3).positions()
-    (0, 4, 7)
+    >>> binomial_table(3, 100, repetitions=2)
+    array([[ 1,  1,  1,  1],
+           [ 1,  2,  3,  4],
+           [ 1,  3,  6, 10],
+           [ 1,  4, 10, 20]])
 
     ```
     """
-    _check(n, c)
-    store = np.full(n, -1, dtype=np.int64)
-    store[0] = 0
-    p, s = 0, c
-    while s >= 2 and n - p >= 2:
-        q = p + split(n - p, s)
-        if q >= n - 1:
-            break
-        store[q] = c - s + 1
-        p, s = q, s - 1
-    return Schedule(c, store, online=False)
+    if repetitions is None:
+        repetitions = 0 if c < 2 else repetition_number(max(length, 2), 2)
+    # beta(s, r) = sum_{t <= s} beta(t, r - 1): each column the running sum of the one before
+    table = np.ones((c + 1, repetitions + 2), dtype=np.int64)
+    for r in range(1, repetitions + 2):
+        table[:, r] = np.minimum(np.cumsum(table[:, r - 1]), length + 1)
+    return table
+
+
+@dataclasses.dataclass(frozen=True)
+class BinomialTable:
+    """Revolve's arithmetic read from a table of binomials `table[s, r] = beta(s, r)`, capped
+    above the lengths it is asked about (`binomial_table`), in the array namespace of `ops`.
+
+    The one implementation of the repetition number, `split` and `t(L, s)`: the Python
+    functions of this module evaluate it with NumPy, the JAX loops with `jax.numpy` on traced
+    lengths and slot counts (`Ops`). Rows must reach `s + 1`, columns the repetition number.
+
+    **Example:**
+
+    ```python
+    >>> table = BinomialTable(binomial_table(4, 100))
+    >>> int(table.repetition_number(10, 3)), int(table.split(10, 3))
+    (2, 4)
+    >>> int(table.optimal_cost(10, 3)), int(table.optimal_cost(1, 3))
+    (15, 0)
+
+    ```
+    """
+
+    table: Any
+    ops: Ops = NUMPY
+
+    def repetition_number(self, length, slots):
+        """`r` with `beta(slots, r-1) < length <= beta(slots, r)`: the number of entries of
+        row `slots` below `length` (`0` for `length <= 1`)."""
+        return self.ops.xp.sum(self.table[slots] < length, dtype=self.ops.dtype)
+
+    def split(self, length, slots):
+        """`split(length, slots)` for `length >= 2` and `slots >= 2` (values below are read as
+        `2`: the loops only use the result where they hold)."""
+        xp = self.ops.xp
+        slots = xp.clip(slots, 2, self.table.shape[0] - 1)
+        length = xp.maximum(length, 2)
+        r = self.repetition_number(length, slots)
+        return xp.minimum(self.table[slots, r - 1], length - self.table[slots - 1, r - 1])
+
+    def optimal_cost(self, length, slots):
+        """`t(length, slots) = r * length - beta(slots + 1, r - 1)`, `0` for `length <= 1`."""
+        xp = self.ops.xp
+        r = self.repetition_number(length, slots)
+        multi = r * length - self.table[slots + 1, xp.maximum(r - 1, 0)]
+        single = length * (length - 1) // 2  # one slot: advance from the start every time
+        cost = xp.where(slots == 1, single, multi)
+        return xp.where(length <= 1, 0, cost)
+
+
+_INT64_HEADROOM = 2**62
+
+
+def _exact_table(n: int, c: int) -> BinomialTable:
+    """A table that reads `t(L, s)` and `split(L, s)` exactly for `L <= n`, `s <= c`: columns
+    to the repetition number, entries capped above `r n` (the largest the cost reads)."""
+    r = repetition_number(n, c) if c >= 2 else 1
+    cap = (r + 1) * n
+    if (c + 3) * cap >= _INT64_HEADROOM:
+        raise ValueError(
+            f"t(n, c) for n={n}, c={c} exceeds the integer range of the schedules; "
+            "lower the number of steps"
+        )
+    return BinomialTable(binomial_table(c + 1, cap, repetitions=r))
 
 
 def _check(n: int, c: int) -> None:

@@ -23,7 +23,7 @@ References:
   adjoint computations", Optimization Methods and Software 34(6).
 """
 
-from ._binomial import optimal_cost
+from ._binomial import BinomialTable, _exact_table, optimal_cost
 
 
 def segment_cost(length: int, checkpoints: int) -> int:
@@ -65,7 +65,7 @@ def offload_cost(n: int, segment: int, checkpoints: int) -> int:
     its last step is reversed from the state the loop still holds, and the rest, `n - 1 - J m`
     steps, from the restored start. Each earlier segment costs `t(m, c)`:
 
-    `n - 1 + J t(m, c) + t(n - 1 - J m, c)`.
+    `n - 1 + J t(m, c) + t(n - 1 - J m, c)` (`offload_recomputations`).
 
     **Example:**
 
@@ -77,6 +77,26 @@ def offload_cost(n: int, segment: int, checkpoints: int) -> int:
     """
     if n < 1:
         raise ValueError(f"need at least one step, got n={n}")
-    last = (n - 1) // segment
-    per_segment = segment_cost(segment, checkpoints)
-    return n - 1 + last * per_segment + segment_cost(n - 1 - last * segment, checkpoints)
+    table = _exact_table(segment, checkpoints)
+    return n - 1 + int(offload_recomputations(table, n, segment, checkpoints))
+
+
+def offload_recomputations(table: BinomialTable, n, segment: int, checkpoints: int):
+    """Steps the two-level reverse sweep recomputes after `n` steps (`0` for `n = 0`):
+    `J t(m, c) + t(n - 1 - J m, c)`, read from `table` (rows to `checkpoints + 1`, repetition
+    numbers of lengths up to `segment`) in its array namespace.
+
+    **Example:**
+
+    ```python
+    >>> from odeckpt.checkpointing.schedules import BinomialTable, offline_schedule
+    >>> table = BinomialTable(offline_schedule(100, 4).binomials)
+    >>> int(offload_recomputations(table, 1000, 100, 4)) == offload_cost(1000, 100, 4) - 999
+    True
+
+    ```
+    """
+    n = table.ops.int(n)
+    last = table.ops.xp.maximum(n - 1, 0) // segment
+    full = table.optimal_cost(table.ops.int(segment), checkpoints)
+    return last * full + table.optimal_cost(n - 1 - last * segment, checkpoints)

@@ -6,6 +6,9 @@ from typing import Literal
 
 from ._binomial import binomial, optimal_cost
 from ._multistage import host_slots, offload_cost
+from ._offline import offline_schedule
+from ._online import online_schedule
+from ._schedule import Schedule
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
 """Budget used when neither `checkpoints` nor `memory_budget` is given: 64 MiB."""
@@ -93,12 +96,16 @@ class Plan:
     - `transfers`: predicted copies between device and host at `steps` (one write and one
         read per segment).
 
+    `slots` and `schedule` follow from these.
+
     **Example:**
 
     ```python
     >>> p = plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB")
     >>> p.regime, p.checkpoints, p.forward_steps
     ('binomial', 16, 44015)
+    >>> p.schedule.positions()[:4], p.slots
+    ((0, 4845, 6940, 7620), 16)
 
     ```
     """
@@ -116,6 +123,23 @@ class Plan:
     host_checkpoints: int = 0
     host_bytes: int = 0
     transfers: int = 0
+
+    @property
+    def slots(self) -> int:
+        """Snapshot slots the reverse sweep keeps: `checkpoints`, plus `host_checkpoints` with
+        `offload` (`0` in the residuals regime)."""
+        return self.checkpoints + self.host_checkpoints
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The schedule the snapshots follow: `online_schedule(steps, checkpoints)` or
+        `offline_schedule(steps, checkpoints)`; with `offload`, Revolve's for one segment,
+        `offline_schedule(segment, checkpoints)`; `None` in the residuals regime."""
+        if self.regime == "residuals":
+            return None
+        if self.offload is not None:
+            return offline_schedule(self.segment, self.checkpoints)
+        return (online_schedule if self.online else offline_schedule)(self.steps, self.checkpoints)
 
     def __str__(self) -> str:
         mib = self.memory_bytes / 2**20

@@ -1,0 +1,22 @@
+"""Adjoints: how the integration loop is run, and so how a solve is differentiated. One
+contract (`AbstractAdjoint.run(loop, state, outputs) -> RunResult`), one module per adjoint."""
+
+from ._backsolve import BacksolveAdjoint as BacksolveAdjoint
+from ._base import (
+    AbstractAdjoint as AbstractAdjoint,
+    GradientStats as GradientStats,
+    RunResult as RunResult,
+)
+from ._checkpointed import (
+    DirectAdjoint as DirectAdjoint,
+    RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
+)
+from ._forward import ForwardMode as ForwardMode
+
+ADJOINTS: dict[str, type[AbstractAdjoint]] = {
+    "recursive": RecursiveCheckpointAdjoint,
+    "backsolve": BacksolveAdjoint,
+    "direct": DirectAdjoint,
+    "forward": ForwardMode,
+}
+"""Every built-in adjoint, by the name `solve(adjoint=...)` accepts."""

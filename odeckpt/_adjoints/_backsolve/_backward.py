@@ -1,0 +1,168 @@
+"""The backward solve of `BacksolveAdjoint`, from the final time back to `t0`, stopping at every
+stop (`_stops`): with `y` integrated backwards beside the adjoint, or read from forward
+re-solves."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._controllers import ConstantStep
+from ..._integrate import IntegrationLoop
+from ..._loop_state import LoopState
+from ..._outputs import Outputs
+from ..._saveat import SaveAt
+from ..._status import Status
+from ..._types import BoolScalar, IntScalar
+from .._base import while_loop
+from ._problem import Problem
+from ._setup import BackwardSetup
+from ._stops import Stops, StoredStates
+from ._window import Window, solve_window
+
+
+class BackwardStats(eqx.Module):
+    """What the backward solve did: whether every stretch of it succeeded, its steps summed
+    over the stretches, and how often `y` was re-solved forwards."""
+
+    succeeded: BoolScalar
+    num_accepted: IntScalar
+    num_rejected: IntScalar
+    num_window_solves: IntScalar
+
+    @classmethod
+    def none(cls) -> "BackwardStats":
+        zero = jnp.zeros((), jnp.int32)
+        return cls(jnp.array(True), zero, zero, zero)
+
+    def add(self, other: "BackwardStats") -> "BackwardStats":
+        return BackwardStats(
+            succeeded=self.succeeded & other.succeeded,
+            num_accepted=self.num_accepted + other.num_accepted,
+            num_rejected=self.num_rejected + other.num_rejected,
+            num_window_solves=self.num_window_solves + other.num_window_solves,
+        )
+
+
+class Backward(eqx.Module):
+    """One backward solve: its setup, the forward loop it differentiates, the initial and final
+    forward states, the split vector field and its differentiated arrays `diff`, and its
+    stops."""
+
+    setup: BackwardSetup
+    loop: IntegrationLoop
+    init: LoopState
+    final: LoopState
+    problem: Problem
+    diff: eqx.Module | tuple
+    stops: Stops
+
+    def segment(self, field, args, s0, s1, z, dt):
+        """Integrate the backward system `field` from `s0` to `s1` (`s = -tau`). Returns the end
+        value, the step size to go on with, and the segment's `BackwardStats`."""
+        piece = IntegrationLoop(
+            f=field, args=args, stepper=self.setup.error_stepper,
+            controller=self.setup.controller, t_end=s1, ts=None, saveat=SaveAt(t1=True),
+            max_steps=self.loop.max_steps,
+        )  # fmt: skip
+        start, _ = piece.init_state(s0, z, dt)
+        done, _, _ = while_loop(piece, start, Outputs())
+        # An empty segment (a stop at the time reached) evaluates nothing: it cannot fail.
+        ok = (s0 >= s1) | ((done.status == Status.successful) & (done.t >= s1))
+        # A segment shorter than `dt` says little about the step size beyond it.
+        one_step = (done.num_steps == 1) & (done.num_accepted == 1)
+        longest = jnp.where(one_step, jnp.maximum(dt, done.dt), done.dt)
+        dt = jnp.where(done.num_steps == 0, dt, longest)
+        zero = jnp.zeros((), jnp.int32)
+        return done.y, dt, BackwardStats(ok, done.num_accepted, done.num_rejected, zero)
+
+    def first_dt(self, field, s0, z, args):
+        """The first backward step size for the backward system `field` (whose last part is
+        the parameter integral `g`). With the seminorm `g` takes no part in error control, so
+        it takes none in choosing the first step either (its derivative, measured against
+        `atol` while `g = 0`, would make that step vanishingly small)."""
+        controller, stepper = self.setup.controller, self.setup.error_stepper
+        if isinstance(controller, ConstantStep):
+            return self.init.dt
+        if not self.setup.seminorm:
+            f0 = stepper.init(field, s0, z, args)
+            return controller.init(field, s0, z, f0, args, stepper, None)[0]
+        *rest, g = z
+        rest = tuple(rest)
+        state_part = lambda s, r, d: tuple(field(s, (*r, g), d)[:-1])
+        f0 = state_part(s0, rest, args)
+        return controller.init(state_part, s0, rest, f0, args, stepper, None)[0]
+
+    def apply(self, j, y, a, g):
+        return self.stops.apply(j, self.loop.stepper, self.problem, self.diff, y, a, g)
+
+
+def solve_backwards(backward: Backward, z) -> tuple:
+    """Integrate the augmented system `z = (y, a, g)` from the final time back to `t0`,
+    stopping at every stop (in decreasing time) to re-anchor `y` and add the jumps. Returns
+    `(a, g)` at `t0` and the `BackwardStats`."""
+    problem, diff, stops = backward.problem, backward.diff, backward.stops
+
+    def body(carry):
+        i, s, z, dt, stats = carry
+        j = stops.order[i]
+        s_stop = jnp.maximum(-stops.times[j], s)
+        z, dt, segment = backward.segment(problem.augmented, diff, s, s_stop, z, dt)
+        z = backward.apply(j, *z)
+        return i + 1, s_stop, z, dt, stats.add(segment)
+
+    s0 = -backward.final.t
+    dt = backward.first_dt(problem.augmented, s0, z, diff)
+    carry = (jnp.zeros((), jnp.int32), s0, z, dt, BackwardStats.none())
+    _, _, z, _, stats = jax.lax.while_loop(lambda c: c[0] < stops.count, body, carry)
+    return z[1:], stats
+
+
+def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a_g) -> tuple:
+    """The backward solve of `(a, g)` alone, with `y(t)` from forward re-solves: each iteration
+    takes the window ending at the current time (re-solved from the latest stored state before
+    it, if the window held does not reach below that time), integrates down to the next stop
+    or the window's start, and adds the stop's jumps. Returns `(a, g)` at `t0` and the
+    `BackwardStats`."""
+    setup, loop, init, final = backward.setup, backward.loop, backward.init, backward.final
+    problem, diff, stops = backward.problem, backward.diff, backward.stops
+    anchors = StoredStates(t=init.t[None], y=jax.tree.map(lambda y: y[None], init.y),
+                           dt=init.dt[None])  # fmt: skip
+    if stored is not None:
+        anchors = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), anchors, stored)
+    zero = jnp.zeros((), jnp.int32)
+
+    def refill(tau):
+        row = jnp.sum(anchors.t < tau) - 1
+        start = jax.tree.map(lambda x: x[row], anchors)
+        window_loop = setup.window_loop(loop, problem, diff, tau)
+        return solve_window(window_loop, start.t, start.y, start.dt, setup.window)
+
+    def keep(window):
+        return lambda tau: (window, jnp.array(True))
+
+    def body(carry):
+        i, tau, a_g, dt, window, stats = carry
+        j = stops.order[i]
+        tau_stop = jnp.minimum(stops.times[j], tau)
+        needed = (window.start >= tau) & (tau > tau_stop)
+        window, ok_window = jax.lax.cond(needed, refill, keep(window), tau)
+        ok_window = ok_window & ((window.start < tau) | ~needed)
+        # Not past `tau`: a stop at `tau` itself (a save at `t1`) leaves the window unfilled
+        # (its start `inf`), and the segment is empty.
+        tau_end = jnp.minimum(jnp.maximum(tau_stop, window.start), tau)
+        a_g, dt, segment = backward.segment(problem.adjoint, (diff, window), -tau, -tau_end,
+                                            a_g, dt)  # fmt: skip
+        reached = tau_end <= tau_stop
+        _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
+        window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
+        return i + reached, tau_end, (a, g), dt, window, stats.add(segment).add(window_stats)
+
+    tau1 = final.t
+    window = Window.empty(setup.window_loop(loop, problem, diff, tau1), tau1, final.y,
+                          setup.window)  # fmt: skip
+    # The first step size, from the adjoint at t1 with y(t1) held fixed.
+    dt = backward.first_dt(problem.adjoint_at(final.y), -tau1, a_g, diff)
+    carry = (zero, tau1, a_g, dt, window, BackwardStats.none())
+    cond = lambda c: (c[0] < stops.count) & c[5].succeeded
+    _, _, a_g, _, _, stats = jax.lax.while_loop(cond, body, carry)
+    return a_g, stats

@@ -1,0 +1,98 @@
+"""The backward system of `BacksolveAdjoint`: the augmented ODE, its seminorm, and the pairing
+of cotangents."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._steppers._base import AbstractStepper, Step
+from ..._types import Args, Scalar, Y
+
+
+class Problem(eqx.Module):
+    """The vector field split into the differentiated arrays `diff` (of `(f, args)`) and the
+    rest, and the backward systems in the time `s = -tau` (so their loops run forwards):
+    `dy/ds = -f`, `da/ds = a^T df/dy`, `dg/ds = a^T df/ddiff`."""
+
+    nondiff: Args
+
+    def f(self, tau, y, diff):
+        f, args = eqx.combine(diff, self.nondiff)
+        return f(tau, y, args)
+
+    def augmented(self, s, z, diff):
+        """The system of `(y, a, g)`: `y` integrated backwards with the adjoint."""
+        y, a, _ = z
+        dy, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
+        a_y, a_g = vjp(a)
+        return jax.tree.map(jnp.negative, dy), a_y, a_g
+
+    def adjoint(self, s, z, args):
+        """The system of `(a, g)` alone, with `y(t)` read from a forward window:
+        `args = (diff, window)`."""
+        a, _ = z
+        diff, window = args
+        y = window.evaluate(-s)
+        _, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
+        return vjp(a)
+
+    def adjoint_at(self, y: Y):
+        """The system of `(a, g)` with `y` frozen (to choose the first backward step size)."""
+
+        def field(s, z, diff):
+            a, _ = z
+            _, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
+            return vjp(a)
+
+        return field
+
+
+class Seminorm(AbstractStepper):
+    """`inner` with the error estimate of the parameter integral (the last part of the
+    backward state) set to zero, and that of the rest (the state and adjoint, or the adjoint
+    alone) rescaled so that the controller's root mean square over all components equals the
+    one over the rest alone.
+
+    **References:** P. Kidger, R. T. Q. Chen, T. Lyons, "'Hey, that's not an ODE': Faster ODE
+    Adjoints via Seminorms", ICML 2021.
+    """
+
+    inner: AbstractStepper
+
+    name = property(lambda self: self.inner.name)
+    order = property(lambda self: self.inner.order)
+    error_order = property(lambda self: self.inner.error_order)
+    fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
+    dense_degree = property(lambda self: self.inner.dense_degree)
+    tolerance_exponent = property(lambda self: self.inner.tolerance_exponent)
+
+    def init(self, f, t0, y0, args):
+        return self.inner.init(f, t0, y0, args)
+
+    def derivative(self, state):
+        return self.inner.derivative(state)
+
+    def step(self, f, t0, t1, y0, args, state) -> Step:
+        step = self.inner.step(f, t0, t1, y0, args, state)
+        if step.y_error is None:
+            return step
+        *error_state, error_g = step.y_error
+        size_state, size_g = _size(error_state), _size(error_g)
+        if size_g == 0:
+            return step
+        scale = ((size_state + size_g) / size_state) ** 0.5
+        error_state = jax.tree.map(lambda e: e * scale, error_state)
+        y_error = (*error_state, jax.tree.map(jnp.zeros_like, error_g))
+        return dataclasses.replace(step, y_error=y_error)
+
+
+def _size(tree) -> int:
+    return sum(leaf.size for leaf in jax.tree.leaves(tree))
+
+
+def pair(ct: Y, v: Y) -> Scalar:
+    """`<ct, v>`: the cotangent pairing (real part, as for JAX's complex cotangents)."""
+    terms = jax.tree.leaves(jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v))
+    return sum(terms[1:], terms[0])

@@ -1,0 +1,148 @@
+"""Where the backward solve of `BacksolveAdjoint` stops, in decreasing time: at saved outputs
+(their cotangents jump into the adjoint `a`), at stored forward states (which re-anchor `y`), at
+dense-output step starts (their cotangents pulled back to `a` and the parameter integral `g`),
+and at `t0`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._checks import all_finite
+from ..._integrate import IntegrationLoop
+from ..._loop_state import LoopState
+from ..._outputs import Outputs
+from ..._steppers._base import AbstractStepper
+from ..._types import Y
+from ._problem import Problem
+
+
+class StoredStates(eqx.Module):
+    """`k` stored step-end states (times `inf` where none was stored), with the step size
+    proposed there (to start a forward re-solve from them)."""
+
+    t: jax.Array
+    y: Y
+    dt: jax.Array
+
+
+class PointStops(eqx.Module):
+    """Stops of one kind at given times: which rows are real, the jumps in `a` (cotangents of
+    saved states; `None` for none) and the states that re-anchor `y` (`None` for none)."""
+
+    times: jax.Array
+    valid: jax.Array
+    jump_a: Y | None
+    anchor: Y | None
+
+
+class DenseStops(eqx.Module):
+    """Stops at each dense-output step's start `t_i`: the cotangent of the step's coefficients
+    pulled back to the state there (a jump in `a`) and to the parameters (added to `g`)."""
+
+    times: jax.Array
+    valid: jax.Array
+    ends: jax.Array
+    coeffs: Y
+    ct_coeffs: Y
+
+    def start_state(self, row):
+        return jax.tree.map(lambda c: c[row, 0], self.coeffs)
+
+    def pullback(self, stepper: AbstractStepper, problem: Problem, diff, row):
+        def coeffs(y, d):
+            t0, t1 = self.times[row], self.ends[row]
+            f = lambda t, y, d: problem.f(t, y, d)
+            return stepper.step(f, t0, t1, y, d, stepper.init(f, t0, y, d)).dense
+
+        _, vjp = jax.vjp(coeffs, self.start_state(row), diff)
+        return vjp(_rows(self.ct_coeffs, row))
+
+
+def output_stops(
+    loop: IntegrationLoop, final: LoopState, outputs: Outputs, stored, ct: Outputs
+) -> list[PointStops]:
+    """The stops at the saved outputs (where their cotangents are not all zero) and at the
+    `stored` states."""
+    stops = []
+    if loop.ts is not None:
+        valid = jax.vmap(all_finite)(outputs.ts) & _nonzero(ct.ts)
+        stops.append(PointStops(loop.ts, valid, ct.ts, outputs.ts))
+    if outputs.steps is not None:
+        steps = outputs.steps
+        valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.steps.values)
+        stops.append(PointStops(steps.t, valid, ct.steps.values, steps.values))
+    if stored is not None:
+        stops.append(PointStops(stored.t, jnp.isfinite(stored.t), None, stored.y))
+    return stops
+
+
+def dense_stops(
+    loop: IntegrationLoop, init: LoopState, final: LoopState, outputs: Outputs, ct: Outputs
+) -> DenseStops | None:
+    """The stops at the dense output's step starts (where its cotangents are not all zero)."""
+    if outputs.dense is None:
+        return None
+    t_ends, coeffs = outputs.dense.t, outputs.dense.values
+    starts = jnp.concatenate([init.t[None], t_ends[:-1]])
+    valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.dense.values)
+    return DenseStops(starts, valid, t_ends, coeffs, ct.dense.values)
+
+
+def _nonzero(ct: Y) -> jax.Array:
+    """Whether any cotangent in `ct` is non-zero: an output nobody differentiates makes no
+    stops."""
+    return jnp.any(jnp.stack([jnp.any(leaf != 0) for leaf in jax.tree.leaves(ct)]))
+
+
+class Stops(eqx.Module):
+    """Every stop of the backward solve in decreasing time: `times[order[i]]` is the `i`-th;
+    `kinds` are the kinds of stops, and `offsets` where each starts in `times`."""
+
+    kinds: tuple
+    offsets: tuple[int, ...] = eqx.field(static=True)
+    times: jax.Array
+    order: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def make(cls, kinds: list, t0) -> "Stops":
+        """The stops of `kinds`, and the end of the backward solve at `t0`."""
+        kinds = [*kinds, PointStops(t0[None], jnp.ones((1,), bool), None, None)]
+        offsets = [0]
+        for kind in kinds:
+            offsets.append(offsets[-1] + kind.times.shape[0])
+        times = jnp.concatenate([jnp.where(k.valid, k.times, -jnp.inf) for k in kinds])
+        # Decreasing time; the end (at t0) comes last, so a stable sort keeps it after ties.
+        order = jnp.argsort(-times, stable=True)
+        return cls(tuple(kinds), tuple(offsets[:-1]), times, order, jnp.sum(times > -jnp.inf))
+
+    def apply(self, j, stepper: AbstractStepper, problem: Problem, diff, y, a, g):
+        """Add the jumps of stop `j` to `a` and `g`, and re-anchor `y` (if not `None`)."""
+        for kind, offset in zip(self.kinds, self.offsets, strict=True):
+            size = kind.times.shape[0]
+            here = (j >= offset) & (j < offset + size)
+            row = jnp.clip(j - offset, 0, size - 1)
+            if isinstance(kind, DenseStops):
+                jump_a, jump_g = kind.pullback(stepper, problem, diff, row)
+                a = jax.tree.map(jnp.add, a, _masked(here, jump_a))
+                g = jax.tree.map(jnp.add, g, _masked(here, jump_g))
+                anchor = kind.start_state(row)
+            else:
+                if kind.jump_a is not None:
+                    a = jax.tree.map(jnp.add, a, _masked(here, _rows(kind.jump_a, row)))
+                anchor = None if kind.anchor is None else _rows(kind.anchor, row)
+            if anchor is not None and y is not None:
+                y = _select(here, anchor, y)
+        return y, a, g
+
+
+def _rows(tree, row):
+    return jax.tree.map(lambda x: x[row], tree)
+
+
+def _select(mask, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(mask, a, b), new, old)
+
+
+def _masked(mask, tree):
+    return jax.tree.map(lambda x: jnp.where(mask, x, jnp.zeros_like(x)), tree)

@@ -1,0 +1,106 @@
+"""The contract between `solve` and the adjoints, and the plain while-loop runner.
+
+An adjoint runs the integration loop, and the loop runner it picks decides how the solve is
+differentiated. Every adjoint meets one contract: `run(loop, state, outputs) -> RunResult`.
+"""
+
+import abc
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._integrate import IntegrationLoop
+from .._loop_state import LoopState
+from .._outputs import Outputs
+from .._types import IntScalar
+
+
+class GradientStats(eqx.Module):
+    """What reverse-mode differentiation of a run will do: the snapshot slots it keeps and the
+    steps it recomputes (both 0 for an adjoint that does neither)."""
+
+    num_checkpoints: IntScalar
+    num_recomputed_steps: IntScalar
+
+    @classmethod
+    def none(cls) -> "GradientStats":
+        zero = jnp.zeros((), jnp.int32)
+        return cls(zero, zero)
+
+
+class RunResult(eqx.Module):
+    """What an adjoint's run returns: the final loop state, the filled output buffers and the
+    statistics of its gradient."""
+
+    state: LoopState
+    outputs: Outputs
+    stats: GradientStats
+
+
+class AbstractAdjoint(eqx.Module):
+    """Runs the integration loop. Each adjoint picks the loop runner that gives its kind of
+    derivative; the loop itself (`IntegrationLoop.cond`, `IntegrationLoop.step`) is the same
+    for all of them. A new adjoint is one module with one class meeting this contract.
+
+    **Example:**
+
+    ```python
+    adjoint: odeckpt.AbstractAdjoint = odeckpt.DirectAdjoint()  # or "direct", "recursive"
+    sol = odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint)
+    ```
+    """
+
+    @abc.abstractmethod
+    def run(self, loop: IntegrationLoop, state: LoopState, outputs: Outputs) -> RunResult:
+        """Run `loop` from `state` until `loop.cond` is false or `loop.max_steps` steps have been
+        taken, writing into `outputs`."""
+
+
+class AbstractWatch(eqx.Module):
+    """Something the plain runner keeps up to date as the loop steps (stored states, a window of
+    recent steps): `update` sees every attempted step and returns the watch after it."""
+
+    @abc.abstractmethod
+    def update(self, before: LoopState, after: LoopState, writes) -> "AbstractWatch":
+        """This watch after the step from `before` to `after`, which wrote `writes`."""
+
+
+def while_loop(
+    loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: AbstractWatch | None = None
+) -> tuple[LoopState, Outputs, AbstractWatch | None]:
+    """Run `loop` from `state` in a plain `lax.while_loop` (forward-mode differentiable, storing
+    nothing per step), writing into `outputs` and updating `watch` at every step."""
+
+    def cond(carry):
+        state, _, _, steps = carry
+        return loop.cond(state) & (steps < loop.max_steps)
+
+    def body(carry):
+        state, outputs, watch, steps = carry
+        new, writes, _ = loop.step(state)
+        watch = None if watch is None else watch.update(state, new, writes)
+        return new, outputs.write(writes), watch, steps + 1
+
+    state, outputs, watch, _ = jax.lax.while_loop(
+        cond, body, (state, outputs, watch, jnp.zeros((), jnp.int32))
+    )
+    return state, outputs, watch
+
+
+def span_derivative(loop: IntegrationLoop, init: LoopState, final: LoopState) -> LoopState:
+    """`final`, given the derivatives in `t0` and `t_end` of the exact solution when the loop
+    took no step (`t0 = t_end`): the discrete solution `y0` depends on neither, the exact one
+    `y0 + (t_end - t0) f(t0, y0)` on both. The term added is zero. For the adjoints that
+    differentiate the discrete solve."""
+    span = loop.t_end - init.t
+    span = span - jax.lax.stop_gradient(span)
+    f0 = loop.stepper.derivative(init.stepper_state)
+    none = final.num_steps == 0
+
+    def leaf(y, f):
+        f = jnp.where(jnp.isfinite(f), f, 0)  # a non-finite f0 has failed the solve already
+        return jnp.where(none, y + span.astype(y.dtype) * f, y)
+
+    return dataclasses.replace(final, y=jax.tree.map(leaf, final.y, f0))

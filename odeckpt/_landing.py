@@ -1,0 +1,89 @@
+"""Where steps end: at `t + dt`, or exactly on the next stop (a save time or the end of the span)
+when they would reach it within rounding.
+
+Written once against an array namespace `xp`: `jax.numpy` in the integration loop, NumPy when a
+constant-step solve's number of steps is predicted before it runs (`constant_step_count`), so
+that the prediction replays the loop's arithmetic exactly. Times are internal times
+`tau = direction * t`: they increase.
+"""
+
+from types import ModuleType
+
+import numpy as np
+
+from ._steppers._base import AbstractStepper
+
+MAX_SAVES_PER_STEP = 16
+"""Distinct save times interpolated per step at most; a step is shortened to hit the last of
+them."""
+
+
+def saves_per_step(stepper: AbstractStepper) -> int:
+    """How many save times one step may interpolate. A stepper whose continuous extension is
+    less accurate than its steps (e.g. Dopri8 with a cubic Hermite) lands on every save time."""
+    return MAX_SAVES_PER_STEP if stepper.dense_degree >= stepper.order - 1 else 1
+
+
+def distinct_save_times(xp: ModuleType, ts):
+    """Sorted save times `ts` with each value once, and where each time's value is.
+
+    **Returns:** `(distinct, rows)`: `distinct` has the length of `ts`, its values each once
+    and in order, then `inf` (never reached); `rows[i]` is the row of `distinct` that holds
+    `ts[i]`.
+    """
+    n = ts.shape[0]
+    positions = xp.arange(n)
+    first = xp.searchsorted(ts, ts, side="left") == positions
+    rows = (xp.cumsum(first) - 1).astype(np.int32)
+    # The first occurrence of the value of row j: the first position whose row reaches j.
+    source = xp.minimum(xp.searchsorted(rows, positions, side="left"), n - 1)
+    distinct = xp.where(positions <= rows[-1], ts[source], xp.inf)
+    return distinct, rows
+
+
+def next_stop(xp: ModuleType, ts, t_end, save_index, per_step: int):
+    """The next time a step must land on: the end of the span, or the last of the next
+    `per_step` save times (`ts`: distinct save times, or `None`)."""
+    if ts is None or ts.shape[0] <= per_step:
+        return t_end
+    last = save_index + per_step - 1
+    save_stop = ts[xp.minimum(last, ts.shape[0] - 1)]
+    return xp.where(last < ts.shape[0], xp.minimum(save_stop, t_end), t_end)
+
+
+def lands(xp: ModuleType, t, step_end, stop):
+    """Whether a step from `t` to `step_end` lands on `stop`: it reaches it, or stops within
+    rounding of it (no sliver step is left)."""
+    slack = 100 * xp.finfo(step_end.dtype).eps * xp.maximum(xp.abs(stop), xp.abs(t))
+    return step_end >= stop - slack
+
+
+def saves_in_step(xp: ModuleType, ts, save_index, t1, rows: int):
+    """Which of the `rows` save times from `save_index` on a step ending at `t1` reaches:
+    `(index, valid)`, the save times' indices and a mask."""
+    index = save_index + xp.arange(rows)
+    t_save = ts[xp.minimum(index, ts.shape[0] - 1)]
+    return index, (index < ts.shape[0]) & (t_save <= t1)
+
+
+def constant_step_count(
+    t0: float, t1: float, dt0: float, ts: np.ndarray | None, per_step: int, dtype, max_steps: int
+) -> int | None:
+    """The steps a constant-step solve from `t0` to `t1` takes (with save times `ts`), in
+    `dtype`; `None` past `max_steps`."""
+    direction = 1 if t1 >= t0 else -1
+    tau, end, dt = (np.asarray(x, dtype) for x in (direction * t0, direction * t1, abs(dt0)))
+    saves = None
+    if ts is not None:
+        saves, _ = distinct_save_times(np, np.asarray(direction * np.asarray(ts), dtype))
+    save_index = 0 if saves is None else int(np.sum(saves <= tau))
+    for count in range(max_steps + 1):
+        if not tau < end:
+            return count
+        stop = next_stop(np, saves, end, save_index, per_step)
+        step_end = tau + dt
+        tau = stop if lands(np, tau, step_end, stop) else step_end
+        if saves is not None:
+            rows = min(saves.shape[0], per_step)
+            save_index += int(np.sum(saves_in_step(np, saves, save_index, tau, rows)[1]))
+    return None
