@@ -165,9 +165,11 @@ def diffrax_solve(problem, rtol, atol):
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(problem["f"]), diffrax.Kvaerno5(), 0.0, problem["t1"], None, y0,
             args=args, stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-            max_steps=MAX_STEPS, adjoint=diffrax.ForwardMode(),
+            max_steps=MAX_STEPS, adjoint=diffrax.ForwardMode(), throw=False,
         )  # fmt: skip
-        return sol.ys[-1], sol.stats
+        # A failed solve (e.g. `max_steps` reached) shows as NaN: no digits.
+        ok = sol.result == diffrax.RESULTS.successful
+        return jnp.where(ok, sol.ys[-1], jnp.nan), sol.stats
 
     return solve
 
@@ -204,7 +206,8 @@ def error(y, reference) -> float:
 
 
 def digits(err: float) -> float:
-    return float(-np.log10(max(err, 1e-17)))
+    """Correct digits of a relative error (NaN for a failed solve)."""
+    return float(-np.log10(max(err, 1e-17))) if np.isfinite(err) else float("nan")
 
 
 def work(record: dict) -> int | None:
@@ -333,7 +336,7 @@ def proportionality_rows(records):
                 continue
             rtols, errors = [r["rtol"] for r in here], [r["error"] for r in here]
             row = dict(problem=name, solver=solver)
-            if len(here) > 1:
+            if len(here) > 1 and np.all(np.isfinite(errors)):
                 row["slope"] = float(np.polyfit(np.log(rtols), np.log(errors), 1)[0])
             row.update({f"ratio_{r:.0e}": e / r for r, e in zip(rtols, errors, strict=True)})
             rows.append(row)
