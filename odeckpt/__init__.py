@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._solve import solve as solve
     from ._status import Status as Status
     from ._steppers import (
+        BDF as BDF,
         RK4 as RK4,
         AbstractStepper as AbstractStepper,
         Bosh3 as Bosh3,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         Kvaerno4 as Kvaerno4,
         Kvaerno5 as Kvaerno5,
         Midpoint as Midpoint,
+        Radau5 as Radau5,
         Ralston as Ralston,
         Rodas5 as Rodas5,
         Trapezoid as Trapezoid,

@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._error_norm import effective_tolerances, real_dtype, rms, scaled_error
 from ._steppers._base import AbstractStepper
 from ._types import Args, BoolScalar, Scalar, VectorField, Y
 
@@ -80,12 +81,15 @@ class AbstractController(eqx.Module):
         *,
         clipped: BoolScalar,
         accept: BoolScalar | None = None,
+        dt_factor: Scalar | None = None,
     ) -> Decision:
         """Judge the step from `t0` to `t1` and propose the next step size. `dt` is the step size
         that was proposed for this step; `clipped` says whether the step was cut short (`t1 -
         t0` about `dt` or less) to land on a save time or the end of the span. `accept`, when
         given, is the verdict to follow instead of judging the error: the recorded verdict of
-        this same step, when the checkpointing engine recomputes it."""
+        this same step, when the checkpointing engine recomputes it. `dt_factor`, when given,
+        is the stepper's own proposal for the ratio of the next step size to this one
+        (`Step.dt_factor`), which an adaptive controller follows within its bounds."""
 
     @abc.abstractmethod
     def reject(self, t0: Scalar, t1: Scalar, dt: Scalar, state: Y) -> Decision:
@@ -120,9 +124,11 @@ class ConstantStep(AbstractController):
         assert dt0 is not None
         return dt0, None, 0
 
-    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
+    def adapt(
+        self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
+    ):
         # Every finite step is accepted; the loop rejects a non-finite one (see `reject`).
-        del t0, t1, y0, y1, y_error, stepper, clipped
+        del t0, t1, y0, y1, y_error, stepper, clipped, dt_factor
         true = jnp.array(True)
         return Decision(
             accept=true if accept is None else accept,
@@ -148,7 +154,10 @@ class PIDController(AbstractController):
     `k = error_order + 1`, `b1 = pcoeff + icoeff + dcoeff`, `b2 = -(pcoeff + 2 * dcoeff)`,
     `b3 = dcoeff`, clipped to `[factormin, factormax]` (and to at most 1 after a rejection).
     The default `icoeff=1` is the classic integral ("I") controller; `pcoeff=0.4, icoeff=0.3` is
-    the PI controller recommended for stiff problems.
+    the PI controller recommended for stiff problems. A stepper that proposes its own ratio
+    of step sizes (`Step.dt_factor`: `Radau5`'s predictive controller, `BDF`'s choice of order
+    and step) replaces the PID factor; the bounds (`factormin`, `factormax`, `dtmin`, `dtmax`,
+    at most 1 after a rejection) apply to it alike.
 
     **Arguments:**
 
@@ -225,13 +234,14 @@ class PIDController(AbstractController):
 
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
-        scale = jax.tree.map(lambda y: self.atol + self.rtol * jnp.abs(y), y0)
-        d0 = _rms(y0, scale)
-        d1 = _rms(f0, scale)
+        rtol, atol = self._tolerances(stepper, y0)
+        scale = jax.tree.map(lambda y: atol + rtol * jnp.abs(y), y0)
+        d0 = rms(y0, scale)
+        d1 = rms(f0, scale)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1).astype(t0.dtype)
         y1 = jax.tree.map(lambda y, k: y + h0.astype(y.dtype) * k, y0, f0)
         f1 = f(t0 + h0, y1, args)
-        d2 = _rms(jax.tree.map(jnp.subtract, f1, f0), scale) / h0
+        d2 = rms(jax.tree.map(jnp.subtract, f1, f0), scale) / h0
         order = min(stepper.order, stepper.error_order or stepper.order)
         d12 = jnp.maximum(d1, d2)
         h1 = jnp.where(
@@ -241,31 +251,29 @@ class PIDController(AbstractController):
         ).astype(t0.dtype)
         return jnp.minimum(100 * h0, h1)
 
-    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
+    def adapt(
+        self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
+    ):
         assert y_error is not None and stepper.error_order is not None
-        scale = jax.tree.map(
-            lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
-        )
         # Step sizes are not differentiated (as in diffrax): the solution's derivative is that of
         # the steps taken, the same for every adjoint, and free of the controller's
         # ill-conditioned feedback.
-        error = jax.lax.stop_gradient(_rms(y_error, scale).astype(t0.dtype))
+        error = scaled_error(y_error, y0, y1, *self._tolerances(stepper, y0))
+        error = jax.lax.stop_gradient(error.astype(t0.dtype))
         # The loop folds non-finite components of y1 and f(t1, y1) into y_error (see
         # `IntegrationLoop.step`), so the error norm alone detects a non-finite step.
         finite = jnp.isfinite(error)
         if accept is None:
             accept = finite & (error <= 1)
-        k = min(stepper.order, stepper.error_order) + 1
-        b1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
-        b2 = -(self.pcoeff + 2 * self.dcoeff) / k
-        b3 = self.dcoeff / k
         inverse = jnp.where(finite, 1 / jnp.maximum(error, 1e-10), 0.0)
-        inverse_prev, inverse_prev2 = state[0], state[1]
-        factor = self.safety * inverse**b1
-        if b2 != 0:
-            factor = factor * inverse_prev**b2
-        if b3 != 0:
-            factor = factor * inverse_prev2**b3
+        inverse_prev = state[0]
+        factor = self._pid_factor(stepper, inverse, state)
+        if dt_factor is not None:
+            # A rejected step shrinks at least as the PID rule says, even where the stepper's
+            # own judgement differs (e.g. under a seminorm that the stepper does not know).
+            proposal = jax.lax.stop_gradient(jnp.asarray(dt_factor, t0.dtype))
+            proposal = jnp.where(finite & jnp.isfinite(proposal), proposal, self.factormin)
+            factor = jnp.where(accept, proposal, jnp.minimum(proposal, factor))
         factor = jnp.clip(factor, self.factormin, self.factormax)
         factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
         next_dt = factor * (t1 - t0)
@@ -280,6 +288,25 @@ class PIDController(AbstractController):
             underflow=~(next_dt >= self._dtmin(t0, t1)),
             finite=finite,
         )
+
+    def _tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[float, float]:
+        """The tolerances `stepper`'s steps are held to (`effective_tolerances`)."""
+        assert self.rtol is not None and self.atol is not None
+        exponent = stepper.tolerance_exponent
+        return effective_tolerances(self.rtol, self.atol, exponent, real_dtype(y0))
+
+    def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:
+        """The PID ratio of the next step size to this one, from the inverse error norms."""
+        k = min(stepper.order, stepper.error_order or stepper.order) + 1
+        b1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
+        b2 = -(self.pcoeff + 2 * self.dcoeff) / k
+        b3 = self.dcoeff / k
+        factor = self.safety * inverse**b1
+        if b2 != 0:
+            factor = factor * state[0] ** b2
+        if b3 != 0:
+            factor = factor * state[1] ** b3
+        return factor
 
     def reject(self, t0, t1, dt, state):
         # Halve the step, as after a Newton failure in Hairer & Wanner's RADAU5 (Sec. IV.8).
@@ -303,14 +330,3 @@ class PIDController(AbstractController):
         if self.dtmax is not None:
             dt = jnp.minimum(dt, self.dtmax)
         return dt
-
-
-def _rms(y: Y, scale: Y) -> Scalar:
-    """The root mean square of `y / scale` over every component; NaN if any is NaN."""
-    squares = jax.tree.leaves(jax.tree.map(lambda a, s: jnp.sum(jnp.abs(a / s) ** 2), y, scale))
-    size = sum(leaf.size for leaf in jax.tree.leaves(y))
-    mean = sum(squares) / size
-    # sqrt has an infinite derivative at 0 (a zero error, or a masked zero-length step under
-    # vmap); keep it out of the gradient so that it cannot turn into NaN. A NaN mean stays NaN.
-    positive = mean > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, mean, 1)), mean)

@@ -80,6 +80,7 @@ class IntegrationLoop(eqx.Module):
             t0, t1, state.dt, state.y, step.y1, y_error, self.stepper,
             state.controller_state, clipped=clipped,
             accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
+            dt_factor=step.dt_factor,
         )  # fmt: skip
         if recorded is None:
             finite = decision.finite if folded else all_finite((step.y1, f1))

@@ -4,11 +4,13 @@ the linear solver once per attempted step (evaluates or reuses the Jacobian, fac
 
 The stage equations are `z = base + hg * fn(t, z, args)` in flat real coordinates (the state
 raveled into one vector, each complex number as its real and imaginary parts: see
-`odeckpt._real_coordinates`). Their solution is differentiated by the implicit function theorem,
-never through the iterations: the derivative of `z` is one linear solve with the exact matrix
-`I - hg df/dz` at the converged `z`, in a form JAX can transpose (`jax.lax.custom_linear_solve`
-on one LU factorisation), so that forward mode (`jax.jvp`) and reverse mode (`jax.vjp`, whose
-transpose reuses the same factorisation) both work.
+`odeckpt._real_coordinates`), or any other `AbstractSystem` (Radau IIA solves its three
+stages as one system, with the real and the complex factorisation that `prepare` makes on
+request). Their solution is differentiated by the implicit function theorem, never through the
+iterations: the derivative of `z` is one linear solve with the exact matrix `d residual / dz`
+(for a stage, `I - hg df/dz`) at the converged `z`, in a form JAX can transpose
+(`jax.lax.custom_linear_solve` on one LU factorisation), so that forward mode (`jax.jvp`) and
+reverse mode (`jax.vjp`, whose transpose reuses the same factorisation) both work.
 
 **References:** E. Hairer & G. Wanner, *Solving Ordinary Differential Equations II*, 2nd ed.
 (1996), Sec. IV.8 (simplified Newton iterations, their stopping and divergence criteria, and
@@ -102,7 +104,30 @@ class Jacobian(eqx.Module):
         )
 
 
-class Stage(eqx.Module):
+class AbstractSystem(eqx.Module):
+    """A nonlinear system `residual(z) = 0` that a Newton method solves: one implicit stage of
+    an ESDIRK or BDF step (`Stage`), or all the stages of a collocation step at once (Radau
+    IIA). Its solution is differentiated by the implicit function theorem."""
+
+    @abc.abstractmethod
+    def residual(self, z: Array) -> Array:
+        """The residual at `z`; zero at the solution."""
+
+    @abc.abstractmethod
+    def matrix(self, jacobian: "Jacobian", z: Array) -> Array:
+        """The exact derivative `d residual / dz` at `z`, as a dense matrix."""
+
+    @abc.abstractmethod
+    def num_components(self) -> int:
+        """How many components the root mean square of an increment averages over."""
+
+    @abc.abstractmethod
+    def modulus(self, z: Array) -> Array:
+        """For each entry of `z`, the size of the state value it stands for (the rounding
+        level of an increment is relative to it)."""
+
+
+class Stage(AbstractSystem):
     """One implicit stage: find `z` with `z = base + hg * field(t, z, args)`."""
 
     field: FlatField
@@ -113,6 +138,17 @@ class Stage(eqx.Module):
 
     def residual(self, z: Array) -> Array:
         return z - self.base - jnp.asarray(self.hg, z.dtype) * self.field(self.t, z, self.args)
+
+    def matrix(self, jacobian: "Jacobian", z: Array) -> Array:
+        hg = jnp.asarray(self.hg, z.dtype)
+        identity = jnp.eye(z.shape[0], dtype=z.dtype)
+        return identity - hg * jacobian(self.field, self.t, z, self.args)
+
+    def num_components(self) -> int:
+        return self.field.coordinates.num_components
+
+    def modulus(self, z: Array) -> Array:
+        return self.field.coordinates.modulus(z)
 
 
 class Iteration(eqx.Module):
@@ -130,12 +166,17 @@ class Iteration(eqx.Module):
 
 
 class Prepared(eqx.Module):
-    """A linear solver set up for one attempted step, and what setting it up cost."""
+    """A linear solver set up for one attempted step, and what setting it up cost.
+
+    `solve(r)` solves `(I - hg J) x = r`; `solve_complex(r)` solves `(I - hg_complex J) x = r`
+    for a complex `r` (`None` unless `prepare` was given `hg_complex`).
+    """
 
     solve: Callable[[Array], Array]
     cache: Y
     num_jacobian_evals: IntScalar
     num_lu_factorisations: IntScalar
+    solve_complex: Callable[[Array], Array] | None = None
 
 
 class AbstractNewton(eqx.Module):
@@ -162,22 +203,39 @@ class AbstractNewton(eqx.Module):
     max_iters: eqx.AbstractVar[int]
 
     @abc.abstractmethod
-    def init_cache(self, y0: Array, t0: Scalar) -> Y:
-        """What the stepper state keeps between steps for this method (e.g. the Jacobian)."""
+    def init_cache(self, y0: Array, t0: Scalar, with_complex: bool = False) -> Y:
+        """What the stepper state keeps between steps for this method (e.g. the Jacobian);
+        `with_complex` if `prepare` will be given `hg_complex`."""
 
     @abc.abstractmethod
     def prepare(
-        self, jacobian: Jacobian, field: FlatField, t0: Scalar, y0: Array, args: Args, hg, cache
+        self,
+        jacobian: Jacobian,
+        field: FlatField,
+        t0: Scalar,
+        y0: Array,
+        args: Args,
+        hg,
+        cache,
+        hg_complex=None,
     ) -> Prepared:
-        """Set up the linear solves of one attempted step from `(t0, y0)` with `h * gamma = hg`."""
+        """Set up the linear solves of one attempted step from `(t0, y0)`: with `I - hg J`
+        (`hg = h * gamma`) and, given the complex `hg_complex` (a fixed multiple of `hg`, as for
+        Radau IIA's complex pair of eigenvalues), with `I - hg_complex J`."""
 
     @abc.abstractmethod
     def next_caches(self, cache: Y, failed: BoolScalar, rate: Scalar) -> tuple[Y, Y]:
         """The caches to carry if the step is accepted and if it is rejected."""
 
     @abc.abstractmethod
-    def tangent(self, jacobian: Jacobian, stage: Stage, z: Array, rhs: Array) -> Array:
-        """`(I - hg df/dz(z))^{-1} rhs`, transposable and linear in `rhs`."""
+    def reuses_factors(self, cache: Y) -> BoolScalar:
+        """Whether the next attempt, at the same step size, would reuse the factorisations in
+        `cache` (a stepper may then keep its step size to save them)."""
+
+    @abc.abstractmethod
+    def tangent(self, jacobian: Jacobian, system: AbstractSystem, z: Array, rhs: Array) -> Array:
+        """`(d residual / dz (z))^{-1} rhs` (for a `Stage`: `(I - hg df/dz(z))^{-1} rhs`),
+        transposable and linear in `rhs`."""
 
     def with_tolerances(self, rtol: float, atol: float) -> "AbstractNewton":
         """This method with unset tolerances taken from `rtol` and `atol`."""
@@ -197,16 +255,18 @@ class AbstractNewton(eqx.Module):
     def solve(
         self,
         jacobian: Jacobian,
-        stage: Stage,
+        stage: AbstractSystem,
         guess: Array,
         prepared: Prepared,
         scale: Array,
         eta: Scalar,
         skip: BoolScalar | bool = False,
     ) -> tuple[Array, Iteration]:
-        """The stage value (differentiable by the implicit function theorem) and how the
-        iteration went. A failed iteration returns `guess`; with `skip` (an earlier stage of
-        the step failed, so the step will be retried) no iteration is taken and it fails."""
+        """The solution of `stage` (differentiable by the implicit function theorem) and how
+        the iteration went. A failed iteration returns `guess`; with `skip` (an earlier stage
+        of the step failed, so the step will be retried) no iteration is taken and it fails.
+        `scale` weighs the entries of the increments, `prepared.solve` maps a residual to an
+        increment."""
         guess = jax.lax.stop_gradient(guess)
         z, info = self._iterate(no_grad(stage), guess, prepared, scale, eta, skip)
         z = jnp.where(info.converged, z, jax.lax.stop_gradient(guess))
@@ -215,9 +275,8 @@ class AbstractNewton(eqx.Module):
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
         eps = jnp.finfo(scale.dtype).eps
         eta0 = jnp.maximum(jax.lax.stop_gradient(eta0), eps) ** 0.8
-        coordinates = stage.field.coordinates
         # Root mean square over the state's components (a complex number counts once).
-        count = coordinates.num_components
+        count = stage.num_components()
         norm = lambda d: jnp.sqrt(jnp.sum(jnp.abs(d / scale) ** 2) / count)
 
         def cond(carry):
@@ -233,7 +292,7 @@ class AbstractNewton(eqx.Module):
             eta = jnp.where(first, eta0, theta / jnp.where(theta < 1, 1 - theta, 1.0))
             # An increment at the rounding level of z is converged, whatever the tolerance asks
             # (e.g. atol below float32 precision); its contraction rate is noise.
-            rounding = size <= norm(10 * eps * coordinates.modulus(z))
+            rounding = size <= norm(10 * eps * stage.modulus(z))
             done = (eta * size <= self.kappa) | rounding
             remaining = self.max_iters - 1 - k
             too_slow = theta**remaining / jnp.where(theta < 1, 1 - theta, 1.0) * size > self.kappa
@@ -251,7 +310,9 @@ class AbstractNewton(eqx.Module):
 
 
 @eqx.filter_custom_jvp
-def _stage_value(stage: Stage, z: Array, *, newton: AbstractNewton, jacobian: Jacobian) -> Array:
+def _stage_value(
+    stage: AbstractSystem, z: Array, *, newton: AbstractNewton, jacobian: Jacobian
+) -> Array:
     """`z`, the converged solution of `stage`, with the derivative of the exact solution."""
     del stage, newton, jacobian
     return z
@@ -266,13 +327,49 @@ def _stage_value_jvp(primals, tangents, *, newton: AbstractNewton, jacobian: Jac
     return z, -newton.tangent(jacobian, stage, z, rhs)
 
 
-class JacobianCache(eqx.Module):
-    """What `Newton` keeps between steps: the Jacobian, the LU factors of `I - hg J` and when
-    to re-evaluate."""
+class ShiftedLU(eqx.Module):
+    """The LU factors of `I - s J` for one shift `s`, real or complex (a complex `s` makes a
+    complex factorisation of the real Jacobian `J`)."""
 
-    jacobian: Array
     lu: Array
     pivots: Array
+
+    @classmethod
+    def factor(cls, jacobian: Array, shift: Scalar) -> "ShiftedLU":
+        complex_shift = jnp.iscomplexobj(shift)
+        dtype = jnp.result_type(jacobian.dtype, jnp.complex64) if complex_shift else jacobian.dtype
+        identity = jnp.eye(jacobian.shape[0], dtype=dtype)
+        lu, pivots = jsl.lu_factor(identity - jnp.asarray(shift, dtype) * jacobian)
+        return cls(lu, pivots.astype(jnp.int32))
+
+    @classmethod
+    def empty(cls, n: int, dtype) -> "ShiftedLU":
+        return cls(jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32))
+
+    def solve(self, rhs: Array) -> Array:
+        """`(I - s J)^{-1} rhs`."""
+        return jsl.lu_solve((self.lu, self.pivots), rhs.astype(self.lu.dtype))
+
+
+def same_step_size(h: Scalar, reference: Scalar) -> BoolScalar:
+    """Whether `h` is `reference` up to the rounding of the times that make it (`t1 - t0` with
+    `t1 = t0 + dt` is `dt` only to `eps |t1|`), so that factors of `I - h gamma J` and
+    histories spaced by `reference` still serve. False when `reference` is NaN."""
+    return jnp.abs(h - reference) <= _SAME_STEP * jnp.abs(reference)
+
+
+_SAME_STEP = 1e-8
+"""Relative difference of step sizes below which they count as the same (see `same_step_size`):
+the rounding of `t0 + dt` relative to `dt` up to `|t| / dt` of about 1e7."""
+
+
+class JacobianCache(eqx.Module):
+    """What `Newton` keeps between steps: the Jacobian, the LU factors of `I - hg J` (and of
+    `I - hg_complex J` when a stepper asks for them) and when to re-evaluate."""
+
+    jacobian: Array
+    lu: ShiftedLU
+    lu_complex: ShiftedLU | None
     hg: Scalar
     refresh: BoolScalar
     """Evaluate the Jacobian at the start of the next attempt."""
@@ -327,37 +424,47 @@ class Newton(AbstractNewton):
         if not 0 < self.reuse_rate < 1:
             raise ValueError(f"Newton(reuse_rate={self.reuse_rate}) must be in (0, 1).")
 
-    def init_cache(self, y0, t0):
+    def init_cache(self, y0, t0, with_complex=False):
         n = y0.shape[0]
+        complex_dtype = jnp.result_type(y0.dtype, jnp.complex64)
         return JacobianCache(
             jacobian=jnp.zeros((n, n), y0.dtype),
-            lu=jnp.zeros((n, n), y0.dtype),
-            pivots=jnp.zeros((n,), jnp.int32),
+            lu=ShiftedLU.empty(n, y0.dtype),
+            lu_complex=ShiftedLU.empty(n, complex_dtype) if with_complex else None,
             hg=jnp.full((), jnp.nan, t0.dtype),
             refresh=jnp.array(True),
             current=jnp.array(False),
         )
 
-    def prepare(self, jacobian, field, t0, y0, args, hg, cache):
+    def prepare(self, jacobian, field, t0, y0, args, hg, cache, hg_complex=None):
         # The iteration only has to converge: nothing here is differentiated.
-        t0, y0, args, field, hg, cache = no_grad((t0, y0, args, field, hg, cache))
+        t0, y0, args, field, hg, hg_complex, cache = no_grad(
+            (t0, y0, args, field, hg, hg_complex, cache)
+        )
         evaluate = cache.refresh
         matrix = jax.lax.cond(
             evaluate, lambda: jacobian(field, t0, y0, args), lambda: cache.jacobian
         )
-        refactor = evaluate | (hg != cache.hg)
-        identity = jnp.eye(y0.shape[0], dtype=y0.dtype)
-        lu, pivots = jax.lax.cond(
+        refactor = evaluate | ~same_step_size(hg, cache.hg)
+        shifts = (hg,) if hg_complex is None else (hg, hg_complex)
+        old = (cache.lu,) if hg_complex is None else (cache.lu, cache.lu_complex)
+        factors = jax.lax.cond(
             refactor,
-            lambda: _lu_factor(identity - jnp.asarray(hg, y0.dtype) * matrix),
-            lambda: (cache.lu, cache.pivots),
+            lambda: tuple(ShiftedLU.factor(matrix, jnp.asarray(s)) for s in shifts),
+            lambda: old,
         )
-        cache = JacobianCache(matrix, lu, pivots, hg, cache.refresh, cache.current | evaluate)
+        # Keep the step size the factors belong to: a step within rounding of it reuses them.
+        hg = jnp.where(refactor, hg, cache.hg)
+        lu_complex = factors[1] if hg_complex is not None else None
+        cache = JacobianCache(
+            matrix, factors[0], lu_complex, hg, cache.refresh, cache.current | evaluate
+        )
         return Prepared(
-            solve=lambda r: jsl.lu_solve((lu, pivots), r),
+            solve=factors[0].solve,
             cache=cache,
             num_jacobian_evals=evaluate.astype(jnp.int32),
-            num_lu_factorisations=refactor.astype(jnp.int32),
+            num_lu_factorisations=len(shifts) * refactor.astype(jnp.int32),
+            solve_complex=None if lu_complex is None else lu_complex.solve,
         )
 
     def next_caches(self, cache, failed, rate):
@@ -366,12 +473,11 @@ class Newton(AbstractNewton):
         rejected = dataclasses.replace(cache, refresh=slow & ~cache.current)
         return accepted, rejected
 
-    def tangent(self, jacobian, stage, z, rhs):
-        hg = jnp.asarray(stage.hg, z.dtype)
-        matrix = jnp.eye(z.shape[0], dtype=z.dtype) - hg * jacobian(
-            stage.field, stage.t, z, stage.args
-        )
-        return lu_solver(matrix)(rhs)
+    def reuses_factors(self, cache):
+        return ~cache.refresh
+
+    def tangent(self, jacobian, system, z, rhs):
+        return lu_solver(system.matrix(jacobian, z))(rhs)
 
 
 class LUSolver(eqx.Module):
@@ -396,11 +502,6 @@ class LUSolver(eqx.Module):
 def lu_solver(matrix: Array) -> LUSolver:
     """An `LUSolver` for `matrix`, factorised once."""
     return LUSolver(matrix, jsl.lu_factor(jax.lax.stop_gradient(matrix)))
-
-
-def _lu_factor(matrix: Array) -> tuple[Array, Array]:
-    lu, pivots = jsl.lu_factor(matrix)
-    return lu, pivots.astype(jnp.int32)
 
 
 class NewtonKrylov(AbstractNewton):
@@ -452,32 +553,51 @@ class NewtonKrylov(AbstractNewton):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"NewtonKrylov({name}={getattr(self, name)}) must be in (0, 1).")
 
-    def init_cache(self, y0, t0):
+    def init_cache(self, y0, t0, with_complex=False):
         return None
 
     def _gmres(self, rtol: float) -> lx.GMRES:
         return lx.GMRES(rtol=rtol, atol=0.0, restart=self.restart, max_steps=self.max_krylov_steps)
 
-    def prepare(self, jacobian, field, t0, y0, args, hg, cache):
+    def prepare(self, jacobian, field, t0, y0, args, hg, cache, hg_complex=None):
         del jacobian, cache
-        t0, y0, args, field, hg = no_grad((t0, y0, args, field, hg))
+        t0, y0, args, field, hg, hg_complex = no_grad((t0, y0, args, field, hg, hg_complex))
         _, jvp = jax.linearize(lambda y: field(t0, y, args), y0)
         hg = jnp.asarray(hg, y0.dtype)
         operator = lx.FunctionLinearOperator(
             lambda v: v - hg * jvp(v), jax.ShapeDtypeStruct(y0.shape, y0.dtype)
         )
         solver = self._gmres(self.krylov_rtol)
+        solve = lambda op, r: lx.linear_solve(op, r, solver, throw=False).value
+        solve_complex = None
+        if hg_complex is not None:
+            # (I - s J)(x + iy) as a real operator on (x, y): J is real.
+            s = jnp.asarray(hg_complex)
+            sr, si = jnp.real(s).astype(y0.dtype), jnp.imag(s).astype(y0.dtype)
+
+            def pair(v):
+                x, y = jvp(v[0]), jvp(v[1])
+                return jnp.stack([v[0] - sr * x + si * y, v[1] - sr * y - si * x])
+
+            pairs = lx.FunctionLinearOperator(pair, jax.ShapeDtypeStruct((2, *y0.shape), y0.dtype))
+            solve_complex = lambda r: jax.lax.complex(
+                *solve(pairs, jnp.stack([jnp.real(r), jnp.imag(r)]))
+            )
         return Prepared(
-            solve=lambda r: lx.linear_solve(operator, r, solver, throw=False).value,
+            solve=lambda r: solve(operator, r),
             cache=None,
             num_jacobian_evals=jnp.ones((), jnp.int32),
             num_lu_factorisations=jnp.zeros((), jnp.int32),
+            solve_complex=solve_complex,
         )
 
     def next_caches(self, cache, failed, rate):
         return None, None
 
-    def tangent(self, jacobian, stage, z, rhs):
+    def reuses_factors(self, cache):
+        return jnp.array(False)
+
+    def tangent(self, jacobian, system, z, rhs):
         structure = jax.ShapeDtypeStruct(z.shape, z.dtype)
         gmres = self._gmres(self.tangent_rtol)
 
@@ -489,7 +609,7 @@ class NewtonKrylov(AbstractNewton):
             x = lx.linear_solve(operator, jnp.where(zero, 1, b), gmres, throw=False).value
             return jnp.where(zero, 0, x)
 
-        matvec = lambda v: jax.jvp(stage.residual, (z,), (v,))[1]
+        matvec = lambda v: jax.jvp(system.residual, (z,), (v,))[1]
         # custom_linear_solve transposes by solving with the transposed operator (vjp of the
         # residual), so reverse mode needs no differentiation through GMRES itself.
         return jax.lax.custom_linear_solve(matvec, rhs, solve, transpose_solve=solve)

@@ -50,9 +50,18 @@ def _nan_tangents_if_jvp(primals, tangents):
     return x, dx * scale
 
 
-def nan_derivatives_if(failed: BoolScalar, tree):
+def nan_derivatives_if(failed: BoolScalar, tree, inputs=None):
     """`tree` unchanged, with every derivative through its inexact leaves NaN where `failed`
-    (per lane under `vmap`; exact elsewhere)."""
+    (per lane under `vmap`; exact elsewhere): also with respect to the inexact leaves of
+    `inputs`, on which `tree` may not depend at all (a solve that fails at its first step
+    returns `y0`, whatever `args`), through a term that is zero, with derivative zero."""
+    if inputs is not None:
+        finite_zeros = lambda x: jnp.sum(jnp.real(jnp.where(jnp.isfinite(x), 0 * x, 0)))
+        terms = [finite_zeros(x) for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
+        zero = sum(terms, jnp.zeros(()))
+        tree = jax.tree.map(
+            lambda x: x + zero.astype(x.dtype) if eqx.is_inexact_array(x) else x, tree
+        )
     return jax.tree.map(
         lambda x: _nan_tangents_if(failed, x) if eqx.is_inexact_array(x) else x, tree
     )

@@ -207,6 +207,23 @@ STIFF_REFERENCES = {
 E5_REFERENCE = np.array([0.0, 8.861233522e-23, 8.861233522e-23, 0.0])
 
 
+def scaled_van_der_pol(t, y, eps):
+    """Van der Pol in the test set's scaling (problem VDPOL of the Bari test set for IVP
+    solvers): `mu = 1000` with time in units of `mu`, `eps = 1 / mu^2`."""
+    return jnp.stack([y[1], ((1 - y[0] ** 2) * y[1] - y[0]) / eps])
+
+
+VDPOL = dict(f=scaled_van_der_pol, y0=np.array([2.0, 0.0]), args=np.array(1e-6), t1=2.0)
+ROBER = dict(f=robertson, y0=ROBERTSON["y0"], args=ROBERTSON["args"], t1=1e11)
+# The test set's published references (F. Mazzia & F. Iavernaro, Test Set for IVP Solvers,
+# Univ. Bari, release 2.4: problems VDPOL at t = 2 and ROBER at t = 1e11, computed in extended
+# precision).
+TEST_SET_REFERENCES = {
+    "vdpol": np.array([1.706167732170469, -0.8928097010248125]),
+    "rober": np.array([0.2083340149701255e-07, 0.8333360770334713e-13, 0.9999999791665050]),
+}
+
+
 def radau_reference(problem: dict, t1: float) -> np.ndarray:
     """`scipy.integrate.solve_ivp(method="Radau", rtol=1e-12, atol=1e-14)` at `t1`, with the
     problem's analytic Jacobian."""

@@ -36,6 +36,11 @@ class Step(eqx.Module):
     - `num_fn_evals`: the evaluations of `f` in this attempt, summed into `Stats`; `None`
         means the stepper's `fn_evals_per_step` (implicit steppers count their Newton
         iterations).
+    - `dt_factor`: the stepper's own proposal for the ratio of the next step size to this
+        one, for a stepper whose step-size rule needs more than the error estimate (`Radau5`'s
+        predictive controller uses the previous step; `BDF` chooses its order and step size
+        together); an adaptive controller follows it within its bounds instead of its own
+        rule. `None` (every other stepper) leaves the choice to the controller.
     """
 
     y1: Y
@@ -48,6 +53,7 @@ class Step(eqx.Module):
     num_jacobian_evals: IntScalar | int = 0
     num_lu_factorisations: IntScalar | int = 0
     num_fn_evals: IntScalar | int | None = None
+    dt_factor: Scalar | None = None
 
 
 class AbstractStepper(eqx.Module):
@@ -79,6 +85,13 @@ class AbstractStepper(eqx.Module):
     state_is_derivative: ClassVar[bool] = False
     """Whether the stepper state is just `f(t, y, args)` at the current point (as `init`
     returns it), so a checkpoint may drop it and recompute it on restore."""
+    tolerance_exponent: ClassVar[float] = 1.0
+    """The exponent `e` with which the solve's tolerances become those its steps are held to:
+    `rtol' = r0 (rtol / r0) ** e` with `r0 = 1e-3`, and `atol` scaled alike
+    (`odeckpt._error_norm.effective_tolerances`), so that the error at the end of a solve
+    falls by about one decade per decade of `rtol`. Above 1 for a stepper whose error per
+    step, held at the tolerance, adds up to a global error that shrinks more slowly than the
+    tolerance."""
 
     @abc.abstractmethod
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:

@@ -1,6 +1,5 @@
 """One generic step for every ESDIRK tableau, with Newton's method for the implicit stages."""
 
-import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
@@ -8,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._newton import AbstractNewton, FlatField, Jacobian, NewtonKrylov, Stage
+from .._newton import AbstractNewton, FlatField, Jacobian, Stage
 from .._real_coordinates import RealCoordinates
-from .._types import Args, Scalar, VectorField, Y
-from ._base import AbstractStepper, Step
+from .._types import Args, BoolScalar, Scalar, VectorField, Y
+from ._base import Step
+from ._implicit import AbstractImplicit
 from ._implicit_tableau import ESDIRKTableau
 
 
@@ -30,26 +30,27 @@ class ImplicitState(eqx.Module):
     cache: Y
     eta: Scalar
 
-
-def check_jac(stepper: AbstractStepper, newton: AbstractNewton, jac: Callable | None) -> None:
-    """Raise, naming the fix, on a configuration the stepper cannot use."""
-    name = type(stepper).__name__
-    if not isinstance(newton, AbstractNewton):
-        raise TypeError(
-            f"{name}(newton={newton!r}) is not a Newton method. Fix: pass `odeckpt.Newton()` "
-            "or `odeckpt.NewtonKrylov()`."
-        )
-    if jac is not None and not callable(jac):
-        raise TypeError(f"{name}(jac={jac!r}) must be a function `jac(t, y, args)` or None.")
-    if jac is not None and isinstance(newton, NewtonKrylov):
-        raise ValueError(
-            f"{name}(jac=..., newton=NewtonKrylov()): Newton-Krylov never forms the Jacobian, "
-            "so a user `jac` would be ignored. Fix: drop `jac=` (Jacobian-vector products come "
-            "from `jax.linearize` of f), or use `newton=odeckpt.Newton()` with your `jac`."
+    @classmethod
+    def initial(
+        cls, newton: AbstractNewton, f: VectorField, t0: Scalar, y0: Y, args: Args, **cache
+    ) -> "ImplicitState":
+        """The state at the initial point: `f(t0, y0, args)`, an empty cache that asks for a
+        Jacobian at the first step (`cache` are `newton.init_cache`'s options), `eta = 1`."""
+        t0 = jnp.asarray(t0)
+        _, y0_flat = RealCoordinates.make(y0)
+        return cls(
+            f=f(t0, y0, args),
+            cache=newton.init_cache(y0_flat, t0, **cache),
+            eta=jnp.ones((), jnp.finfo(y0_flat.dtype).dtype),
         )
 
+    def rejected(self, cache: Y, failed: BoolScalar, eta: Scalar) -> "ImplicitState":
+        """The state to keep when an attempt from this point is rejected: the same `f`, the
+        cache to carry on rejection, and `eta` (1 after a failed iteration)."""
+        return ImplicitState(self.f, cache, jnp.where(failed, 1.0, eta).astype(eta.dtype))
 
-class AbstractESDIRK(AbstractStepper):
+
+class AbstractESDIRK(AbstractImplicit):
     """An ESDIRK method given by its `ESDIRKTableau`, solving each implicit stage with Newton's
     method (`newton`), whose Jacobian is reused across stages and steps (see `Newton`).
 
@@ -65,15 +66,8 @@ class AbstractESDIRK(AbstractStepper):
     jac: eqx.AbstractVar[Callable | None]
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> ImplicitState:
-        """**Returns:** the state at the initial point: `f(t0, y0, args)`, an empty cache that
-        asks for a Jacobian at the first step, and `eta = 1`."""
-        t0 = jnp.asarray(t0)
-        _, y0_flat = RealCoordinates.make(y0)
-        return ImplicitState(
-            f=f(t0, y0, args),
-            cache=self.newton.init_cache(y0_flat, t0),
-            eta=jnp.ones((), jnp.finfo(y0_flat.dtype).dtype),
-        )
+        """**Returns:** the state at the initial point (`ImplicitState.initial`)."""
+        return ImplicitState.initial(self.newton, f, t0, y0, args)
 
     def derivative(self, state: ImplicitState) -> Y:
         """**Returns:** `state.f`, i.e. `f(t, y, args)` at the state's point."""
@@ -97,8 +91,9 @@ class AbstractESDIRK(AbstractStepper):
         hg = h * tableau.gamma
         field, y0_flat = FlatField.make(f, t0, y0, args)
         jacobian = Jacobian(self.jac)
-        prepared = self.newton.prepare(jacobian, field, t0, y0_flat, args, hg, state.cache)
-        scale = self.newton.scale(field.coordinates, y0_flat)
+        newton = self.held_newton(y0_flat.dtype)
+        prepared = newton.prepare(jacobian, field, t0, y0_flat, args, hg, state.cache)
+        scale = newton.scale(field.coordinates, y0_flat)
         # A zero-length step (a finished lane under vmap) has z = base: k = 0, never 0/0.
         safe_hg = jnp.asarray(jnp.where(hg == 0, 1, hg), y0_flat.dtype)
         dtype = y0_flat.dtype
@@ -116,7 +111,7 @@ class AbstractESDIRK(AbstractStepper):
             c = jnp.asarray(tableau.c, t0.dtype)[i]
             t = jnp.where(c == 1, t1, t0 + c * h)
             # After a failed stage the step is retried shorter: the rest are not worth solving.
-            z, info = self.newton.solve(
+            z, info = newton.solve(
                 jacobian, Stage(field, t, hg, base, args), guess, prepared, scale, eta, failed
             )
             ks = ks.at[i].set((z - base) / safe_hg)
@@ -141,26 +136,16 @@ class AbstractESDIRK(AbstractStepper):
         combined = weights @ (jnp.asarray(h, dtype) * ks)
         y_error = combined[0]
         dense = jax.vmap(field.unravel)(jnp.concatenate([y0_flat[None], combined[1:]]))
-        on_accept, on_reject = self.newton.next_caches(prepared.cache, failed, rate)
+        on_accept, on_reject = newton.next_caches(prepared.cache, failed, rate)
         return Step(
             y1=field.unravel(z),
             y_error=field.unravel(y_error),
             dense=dense,
             state=ImplicitState(f=field.unravel(ks[-1]), cache=on_accept, eta=eta),
-            state_on_reject=ImplicitState(
-                f=state.f, cache=on_reject, eta=jnp.where(failed, 1.0, eta).astype(eta.dtype)
-            ),
+            state_on_reject=state.rejected(on_reject, failed, eta),
             failed=failed,
             nonfinite=nonfinite,
             num_jacobian_evals=prepared.num_jacobian_evals,
             num_lu_factorisations=prepared.num_lu_factorisations,
             num_fn_evals=evals,
         )
-
-
-def with_newton_tolerances(stepper: AbstractStepper, rtol: float, atol: float) -> AbstractStepper:
-    """`stepper` with its Newton method's unset tolerances taken from `rtol` and `atol` (those of
-    the solve); any other stepper unchanged."""
-    if not isinstance(stepper, AbstractESDIRK):
-        return stepper
-    return dataclasses.replace(stepper, newton=stepper.newton.with_tolerances(rtol, atol))

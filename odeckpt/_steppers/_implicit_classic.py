@@ -6,7 +6,8 @@ from typing import ClassVar
 import numpy as np
 
 from .._newton import AbstractNewton, Newton
-from ._esdirk import AbstractESDIRK, check_jac
+from ._esdirk import AbstractESDIRK
+from ._implicit import check_jac
 from ._implicit_tableau import ESDIRKTableau
 
 _FIRST_GUESS = np.array([[0.0, 0.0], [1.0, 0.0]])
@@ -59,6 +60,7 @@ class ImplicitEuler(AbstractESDIRK):
     error_order: ClassVar[int | None] = 2
     fn_evals_per_step: ClassVar[int] = 1
     dense_degree: ClassVar[int] = 3
+    tolerance_exponent: ClassVar[float] = 2.0
 
     def __check_init__(self):
         check_jac(self, self.newton, self.jac)

@@ -14,7 +14,8 @@ from typing import ClassVar
 import numpy as np
 
 from .._newton import AbstractNewton, Newton
-from ._esdirk import AbstractESDIRK, check_jac
+from ._esdirk import AbstractESDIRK
+from ._implicit import check_jac
 from ._implicit_tableau import ESDIRKTableau
 
 
@@ -170,6 +171,7 @@ class Kvaerno3(AbstractESDIRK):
     error_order: ClassVar[int | None] = 2
     fn_evals_per_step: ClassVar[int] = 3
     dense_degree: ClassVar[int] = 3
+    tolerance_exponent: ClassVar[float] = 1.25
 
     def __check_init__(self):
         check_jac(self, self.newton, self.jac)
@@ -203,6 +205,7 @@ class Kvaerno4(AbstractESDIRK):
     error_order: ClassVar[int | None] = 3
     fn_evals_per_step: ClassVar[int] = 4
     dense_degree: ClassVar[int] = 3
+    tolerance_exponent: ClassVar[float] = 1.25
 
     def __check_init__(self):
         check_jac(self, self.newton, self.jac)
@@ -247,6 +250,7 @@ class Kvaerno5(AbstractESDIRK):
     error_order: ClassVar[int | None] = 4
     fn_evals_per_step: ClassVar[int] = 6
     dense_degree: ClassVar[int] = 3
+    tolerance_exponent: ClassVar[float] = 1.25
 
     def __check_init__(self):
         check_jac(self, self.newton, self.jac)

@@ -1,12 +1,14 @@
 """Look up a stepper by its lower-case name."""
 
 from ._base import AbstractStepper
+from ._bdf import BDF
 from ._bosh3 import Bosh3
 from ._classic import RK4, Euler, Heun, Midpoint, Ralston
 from ._dopri5 import Dopri5
 from ._dopri8 import Dopri8
 from ._implicit_classic import ImplicitEuler, Trapezoid
 from ._kvaerno import Kvaerno3, Kvaerno4, Kvaerno5
+from ._radau import Radau5
 from ._rosenbrock import Rodas5
 from ._tsit5 import Tsit5
 
@@ -14,7 +16,7 @@ STEPPERS: dict[str, type[AbstractStepper]] = {
     cls.name: cls
     for cls in (
         *(Euler, Heun, Midpoint, Ralston, RK4, Bosh3, Tsit5, Dopri5, Dopri8),
-        *(ImplicitEuler, Trapezoid, Kvaerno3, Kvaerno4, Kvaerno5, Rodas5),
+        *(ImplicitEuler, Trapezoid, Kvaerno3, Kvaerno4, Kvaerno5, Rodas5, Radau5, BDF),
     )
 }
 """Every built-in stepper class, keyed by its `name`."""

@@ -10,7 +10,7 @@ from ..._controllers import AbstractController, PIDController
 from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
-from ..._steppers._esdirk import AbstractESDIRK, with_newton_tolerances
+from ..._steppers._implicit import AbstractImplicit, with_newton_tolerances
 from ..._steppers._rosenbrock import AbstractRosenbrock
 from ..._validate import count
 from .._base import AbstractAdjoint, GradientStats, RunResult
@@ -143,7 +143,8 @@ class BacksolveAdjoint(AbstractAdjoint):
             # tiny components), not at the stepper's standalone defaults.
             stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol)
         forward = self.reconstruct == "forward" or (
-            self.reconstruct == "auto" and isinstance(stepper, AbstractESDIRK | AbstractRosenbrock)
+            self.reconstruct == "auto"
+            and isinstance(stepper, AbstractImplicit | AbstractRosenbrock)
         )
         # The forward re-solves run at the backward tolerances when they can adapt.
         window_controller = loop.controller if loop.stepper.error_order is None else controller

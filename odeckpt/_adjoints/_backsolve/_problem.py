@@ -66,6 +66,7 @@ class Seminorm(AbstractStepper):
     error_order = property(lambda self: self.inner.error_order)
     fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
     dense_degree = property(lambda self: self.inner.dense_degree)
+    tolerance_exponent = property(lambda self: self.inner.tolerance_exponent)
 
     def init(self, f, t0, y0, args):
         return self.inner.init(f, t0, y0, args)

@@ -1,0 +1,108 @@
+"""What the steppers that solve implicit equations with a Newton method share: their
+configuration checks, and the tolerances they take from the solve."""
+
+import dataclasses
+from collections.abc import Callable
+
+import equinox as eqx
+import numpy as np
+
+from .._error_norm import effective_tolerances, real_dtype, scaled_error
+from .._newton import AbstractNewton, NewtonKrylov
+from .._types import Scalar, Y
+from ._base import AbstractStepper
+
+_DEFAULT_RTOL, _DEFAULT_ATOL = 1e-6, 1e-8
+"""Tolerances of a stepper's own step-size proposal outside `odeckpt.solve` (which passes its
+own)."""
+
+
+class AbstractImplicit(AbstractStepper):
+    """A stepper that solves implicit equations with a Newton method (`newton`), given the
+    Jacobian of `f` by `jac` or by `jax.jacfwd` (`jac=None`)."""
+
+    newton: eqx.AbstractVar[AbstractNewton]
+    jac: eqx.AbstractVar[Callable | None]
+
+    def held_newton(self, dtype) -> AbstractNewton:
+        """`newton` at the tolerances this stepper's steps are held to on a state of `dtype`
+        (`effective_tolerances` of those set by the solve; unset ones stay unset)."""
+        newton = self.newton
+        if newton.rtol is None or newton.atol is None:
+            return newton
+        exponent = self.tolerance_exponent
+        rtol, atol = effective_tolerances(newton.rtol, newton.atol, exponent, dtype)
+        return dataclasses.replace(newton, rtol=rtol, atol=atol)
+
+
+class AbstractProposer(AbstractImplicit):
+    """An implicit stepper that proposes its own step sizes (`Step.dt_factor`): it judges its
+    steps with the controller's error norm (`odeckpt._error_norm.scaled_error`) at the
+    tolerances `rtol` and `atol`, which `odeckpt.solve` sets to its own when they are `None`."""
+
+    rtol: eqx.AbstractVar[float | None]
+    atol: eqx.AbstractVar[float | None]
+
+    def error_norm(self, y_error: Y, y0: Y, y1: Y) -> Scalar:
+        """The error norm that the step-size controller computes for this step."""
+        return scaled_error(y_error, y0, y1, *self._tolerances(real_dtype(y0)))
+
+    def _tolerances(self, dtype) -> tuple[float, float]:
+        rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
+        atol = _DEFAULT_ATOL if self.atol is None else self.atol
+        return effective_tolerances(rtol, atol, self.tolerance_exponent, dtype)
+
+    def tight_newton(self, dtype) -> AbstractNewton:
+        """`newton`, stopping at `min(kappa, max(10 eps / rtol, sqrt(rtol)))` times the
+        tolerance, as Hairer and Wanner's RADAU5 and scipy's `Radau` and `BDF` do: these
+        methods' steps are far more accurate than the tolerance at small `rtol` (their error
+        estimates are of lower order than their steps), and a looser iteration would leave
+        its own error, at `kappa` times the tolerance in every step, as the error of the
+        solve."""
+        rtol, _ = self._tolerances(dtype)
+        floor = 10 * float(np.finfo(dtype).eps) / rtol
+        newton = self.held_newton(dtype)
+        return dataclasses.replace(newton, kappa=min(newton.kappa, max(floor, rtol**0.5)))
+
+
+def check_jac(stepper: AbstractStepper, newton: AbstractNewton, jac: Callable | None) -> None:
+    """Raise, naming the fix, on a configuration the stepper cannot use."""
+    name = type(stepper).__name__
+    if not isinstance(newton, AbstractNewton):
+        raise TypeError(
+            f"{name}(newton={newton!r}) is not a Newton method. Fix: pass `odeckpt.Newton()` "
+            "or `odeckpt.NewtonKrylov()`."
+        )
+    if jac is not None and not callable(jac):
+        raise TypeError(f"{name}(jac={jac!r}) must be a function `jac(t, y, args)` or None.")
+    if jac is not None and isinstance(newton, NewtonKrylov):
+        raise ValueError(
+            f"{name}(jac=..., newton=NewtonKrylov()): Newton-Krylov never forms the Jacobian, "
+            "so a user `jac` would be ignored. Fix: drop `jac=` (Jacobian-vector products come "
+            "from `jax.linearize` of f), or use `newton=odeckpt.Newton()` with your `jac`."
+        )
+
+
+def check_tolerances(stepper: AbstractProposer) -> None:
+    """Raise, naming the fix, on tolerances that are neither positive nor `None`."""
+    for name in ("rtol", "atol"):
+        value = getattr(stepper, name)
+        if value is not None and not value > 0:
+            raise ValueError(
+                f"{type(stepper).__name__}({name}={value!r}) must be positive, or None to take "
+                f"the solve's. Fix: pass e.g. `{name}=1e-8`, or leave it out."
+            )
+
+
+def with_newton_tolerances(stepper: AbstractStepper, rtol: float, atol: float) -> AbstractStepper:
+    """`stepper` with its unset tolerances taken from `rtol` and `atol` (those of the solve): its
+    Newton method's and, for an `AbstractProposer`, those of its step-size proposal; any other
+    stepper unchanged. (A step transforms them into those it is held to:
+    `AbstractImplicit.held_newton`.)"""
+    if not isinstance(stepper, AbstractImplicit):
+        return stepper
+    changes = dict(newton=stepper.newton.with_tolerances(rtol, atol))
+    if isinstance(stepper, AbstractProposer):
+        changes["rtol"] = rtol if stepper.rtol is None else stepper.rtol
+        changes["atol"] = atol if stepper.atol is None else stepper.atol
+    return dataclasses.replace(stepper, **changes)
