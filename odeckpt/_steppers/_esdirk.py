@@ -79,6 +79,10 @@ class AbstractESDIRK(AbstractStepper):
         """**Returns:** `state.f`, i.e. `f(t, y, args)` at the state's point."""
         return state.f
 
+    def with_derivative(self, state: ImplicitState, derivative: Y) -> ImplicitState:
+        """**Returns:** `state` with `f` replaced by `derivative`."""
+        return dataclasses.replace(state, f=derivative)
+
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: ImplicitState
     ) -> Step:
