@@ -182,6 +182,11 @@ class AbstractNewton(eqx.Module):
         """`(I - hg df/dz(z))^{-1} rhs`, linear in `rhs` (and transposable, except where a
         method says otherwise); `factors` are the attempt's `Prepared.factors`."""
 
+    def refreshed(self, cache: Y) -> Y:
+        """`cache`, asking for a Jacobian at the next attempt (unchanged for a method that
+        keeps none)."""
+        return cache
+
     def with_tolerances(self, rtol: float, atol: float) -> "AbstractNewton":
         """This method with unset tolerances taken from `rtol` and `atol`."""
         return dataclasses.replace(
@@ -380,6 +385,9 @@ class Newton(AbstractNewton):
             factors=(lu, pivots),
         )
 
+    def refreshed(self, cache):
+        return dataclasses.replace(cache, refresh=jnp.array(True))
+
     def next_caches(self, cache, failed, rate):
         slow = failed | (rate > self.reuse_rate)
         accepted = dataclasses.replace(cache, refresh=slow, current=jnp.array(False))
@@ -429,7 +437,7 @@ class Newton(AbstractNewton):
             size = norm(dx, x)
             theta = size / jnp.where(previous > 0, previous, 1.0)
             rounding = size <= norm(10 * eps * coordinates.modulus(x), x)
-            done = ((theta < 1) & (theta / (1 - theta) * size <= self.kappa)) | rounding
+            done = ((theta < 1) & (theta / (1 - theta) * size <= 1e-3 * self.kappa)) | rounding
             failed = ~done & ((theta >= 1) | ~jnp.isfinite(size))
             return x, k + 1, size, done, failed
 

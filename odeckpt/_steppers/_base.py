@@ -107,3 +107,8 @@ class AbstractStepper(eqx.Module):
         state is that derivative itself."""
         del state
         return derivative
+
+    def with_fresh_jacobian(self, state: Y) -> Y:
+        """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;
+        the default: unchanged)."""
+        return state

@@ -83,6 +83,10 @@ class AbstractESDIRK(AbstractStepper):
         """**Returns:** `state` with `f` replaced by `derivative`."""
         return dataclasses.replace(state, f=derivative)
 
+    def with_fresh_jacobian(self, state: ImplicitState) -> ImplicitState:
+        """**Returns:** `state`, its Newton cache asking for a Jacobian at the next attempt."""
+        return dataclasses.replace(state, cache=self.newton.refreshed(state.cache))
+
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: ImplicitState
     ) -> Step:

@@ -75,6 +75,18 @@ class ForwardSensitivity(AbstractAdjoint):
     Eng. 9 (1985) (the staggered direct method).
     """
 
+    rtol: float | None = None
+    atol: float | None = None
+
+    def __check_init__(self):
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(
+                    f"ForwardSensitivity({name}={value!r}) must be positive, or None for the "
+                    "solve's own tolerance."
+                )
+
     def run(self, loop, state, outputs):
         if loop.saveat.steps or loop.saveat.dense:
             raise ValueError(
@@ -86,6 +98,7 @@ class ForwardSensitivity(AbstractAdjoint):
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper))
         inputs = SensitivityInputs(loop, state, outputs)
+        tolerances = (self.rtol, self.atol)
         arrays, static = eqx.partition(inputs, eqx.is_array)
         whole = lambda arrays: eqx.combine(arrays, static)
 
@@ -100,10 +113,10 @@ class ForwardSensitivity(AbstractAdjoint):
                 return out, out
 
             def tangent(arrays, saved, t_arrays):
-                return _tangent(whole(arrays), saved, t_arrays)
+                return _tangent(whole(arrays), saved, t_arrays, tolerances)
 
             def reverse(arrays, saved, ct_out, want):
-                return _reverse(whole(arrays), saved, ct_out, want)
+                return _reverse(whole(arrays), saved, ct_out, want, tolerances)
 
             return Sweeps(forward, reverse, tangent)
 
@@ -161,12 +174,12 @@ def _rows(mask, y):
     return mask.reshape(mask.shape + (1,) * (y.ndim - 1))
 
 
-def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs):
+def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs, tolerances):
     """The tangent of `(final state, outputs)` along `t_inputs`: one sensitivity solve."""
     loop = inputs.loop
     final, outputs = saved
     direction = integrated(t_inputs)
-    sens = sensitivities(inputs, jax.tree.map(lambda x: x[None], direction))
+    sens = sensitivities(inputs, jax.tree.map(lambda x: x[None], direction), tolerances)
     end, rows = _times_part(inputs, saved, t_inputs.loop.t_end, t_inputs.loop.ts)
     primal_ok = loop.final_status(final) == Status.successful
     sens = checked(loop, primal_ok, sens, sens)
@@ -189,7 +202,7 @@ def _pair(ct, t):
     return sum(jnp.sum(jnp.real(c * x)) for c, x in zip(*map(jax.tree.leaves, (ct, t)), strict=True))
 
 
-def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs):
+def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, tolerances):
     """The cotangents of the inputs: the Jacobian along every integrated input component (one
     sensitivity solve), contracted with the cotangent."""
     loop, init, outputs_in = inputs
@@ -202,7 +215,7 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs):
         theta = dataclasses.replace(theta, y0=None, t0=None)
     coordinates, flat = RealCoordinates.make(theta)
     basis = jax.vmap(coordinates.unravel)(jnp.eye(flat.shape[0], dtype=flat.dtype))
-    sens = sensitivities(inputs, _completed(basis, inputs))
+    sens = sensitivities(inputs, _completed(basis, inputs), tolerances)
     primal_ok = loop.final_status(final) == Status.successful
     sens = checked(loop, primal_ok, sens, sens)
     written = None if loop.ts is None else _written(inputs, outputs)

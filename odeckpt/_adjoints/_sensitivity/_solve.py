@@ -69,9 +69,12 @@ def _scale(theta: Integrated, span, direction: Integrated):
     return jnp.where(scale > 0, scale, 1).astype(span.dtype)
 
 
-def sensitivities(inputs: SensitivityInputs, directions: Integrated) -> Sensitivities:
+def sensitivities(
+    inputs: SensitivityInputs, directions: Integrated, tolerances: tuple
+) -> Sensitivities:
     """Solve the state with its sensitivities along `directions` (each leaf with a leading axis
-    of directions), under one error control (`MaxNormController`)."""
+    of directions), under one error control (`MaxNormController`), the sensitivities held to
+    `tolerances` (`(rtol, atol)`, `None` for the state's)."""
     loop, init, _ = inputs
     theta = integrated(inputs)
     span = loop.t_end - init.t
@@ -85,7 +88,7 @@ def sensitivities(inputs: SensitivityInputs, directions: Integrated) -> Sensitiv
         return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff)
 
     s0, dtheta = jax.vmap(start)(directions, scales)
-    aug = sensitivity_loop(loop, dtheta)
+    aug = sensitivity_loop(loop, dtheta, *tolerances)
     aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
     final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
     unscale = lambda s, axis: jax.tree.map(

@@ -15,6 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._checks import all_finite
 from ..._controllers import AbstractController, PIDController
 from ..._steppers._base import AbstractStepper, Step
 from ..._types import Args, Scalar, VectorField, Y
@@ -98,14 +99,22 @@ class SensitivityStepper(AbstractStepper):
         )
         # The dense coefficients' leading axis is the power of theta: directions go second.
         s_dense = jax.tree.map(lambda c: jnp.moveaxis(c, 0, 1), s_dense)
+        # A stage whose sensitivities did not converge (NaN from the staggered corrector, whose
+        # matrix may come from an earlier point) fails the step, as a Newton failure does:
+        # retried shorter, with a fresh Jacobian (as CVODES does).
+        sens_failed = ~all_finite((s1, ds1))
+        failed = sens_failed if taken.failed is None else taken.failed | sens_failed
         on_reject = taken.state_on_reject
+        if on_reject is not None:
+            fresh = inner.with_fresh_jacobian(on_reject)
+            on_reject = jax.tree.map(lambda a, b: jnp.where(sens_failed, a, b), fresh, on_reject)
         return Step(
             y1=Augmented(taken.y1, s1),
             y_error=None if taken.y_error is None else Augmented(taken.y_error, s_error),
             dense=Augmented(taken.dense, s_dense),
             state=SensitivityState(taken.state, ds1),
             state_on_reject=None if on_reject is None else SensitivityState(on_reject, state.ds),
-            failed=taken.failed,
+            failed=failed,
             nonfinite=taken.nonfinite,
             num_jacobian_evals=taken.num_jacobian_evals,
             num_lu_factorisations=taken.num_lu_factorisations,
@@ -118,9 +127,11 @@ class MaxNormController(AbstractController):
     error norms of the state and of each direction's sensitivities (as CVODES does with
     `errconS`: its `cvSensUpdateNorm`), each with the weights `atol + rtol max(|y0|, |y1|)` of
     its own values. The sensitivities are scaled (see `ForwardSensitivity`), so one `atol`
-    serves all."""
+    serves all of them: `atol` (and `rtol`) here, or the controller's where `None`."""
 
     controller: AbstractController
+    rtol: float | None = None
+    atol: float | None = None
 
     def check(self, stepper, dt0):
         self.controller.check(stepper, dt0)
@@ -137,10 +148,9 @@ class MaxNormController(AbstractController):
             return controller.adapt(
                 t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept
             )
-        rtol, atol = controller.rtol, controller.atol
-
         def mean_squares(error, a, b, axis):
             """Per group: the mean over its components of `(error / weight)^2`."""
+            rtol, atol = (controller.rtol, controller.atol) if axis == 0 else tolerances
             weight = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
             squares = jnp.abs(error / weight) ** 2
             return jnp.mean(squares.reshape(squares.shape[: axis] + (-1,)), axis=-1)
@@ -153,6 +163,10 @@ class MaxNormController(AbstractController):
             size = sum(n for _, n in leaves)
             return sum(m * n for m, n in leaves) / size
 
+        tolerances = (
+            controller.rtol if self.rtol is None else self.rtol,
+            controller.atol if self.atol is None else self.atol,
+        )
         state_ms = group(y_error.y, y0.y, y1.y, 0)
         sens_ms = group(y_error.s, y0.s, y1.s, 1)
         # NaN anywhere stays NaN (jnp.max propagates it).
@@ -160,18 +174,19 @@ class MaxNormController(AbstractController):
         # The controller sees one component whose weighted error is `worst`.
         zero = jnp.zeros((1,), jnp.result_type(worst))
         return controller.adapt(
-            t0, t1, dt, zero, zero, (worst * atol)[None], stepper, state,
+            t0, t1, dt, zero, zero, (worst * controller.atol)[None], stepper, state,
             clipped=clipped, accept=accept,
         )  # fmt: skip
 
 
-def sensitivity_loop(loop, directions: Y):
+def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
     """`loop` advancing the state with the sensitivities along `directions` (the parameters'
-    tangents, one per direction on a leading axis)."""
+    tangents, one per direction on a leading axis), these held to `rtol` and `atol` (`None`:
+    the state's)."""
     return dataclasses.replace(
         loop,
         args=SensitivityArgs(loop.args, directions),
         stepper=SensitivityStepper(loop.stepper),
-        controller=MaxNormController(loop.controller),
+        controller=MaxNormController(loop.controller, rtol, atol),
         progress=None,
     )
