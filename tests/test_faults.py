@@ -28,7 +28,7 @@ import odeckpt
 from odeckpt._steppers import STEPPERS
 
 STEPPER_NAMES = sorted(STEPPERS)
-REVERSE = ("direct", "recursive", "backsolve")
+REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity")
 ADJOINTS = (*REVERSE, "forward")
 T1 = 1.0
 FAULTS = (np.nan, np.inf, -np.inf)
