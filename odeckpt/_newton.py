@@ -403,7 +403,6 @@ class Newton(AbstractNewton):
         )
         return lu_solver(matrix)(rhs)
 
-
     def _staggered(self, stage: Stage, z: Array, rhs: Array, factors) -> Array:
         """`(I - hg J(z))^{-1} rhs` by the iteration `x <- x + M^{-1} (rhs - (I - hg J(z)) x)`
         with `M` the step's factors of `I - hg J` (`J` possibly from an earlier point), the

@@ -7,10 +7,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._newton import Newton
 from ..._real_coordinates import RealCoordinates
 from ..._status import Status
 from ..._steppers._esdirk import AbstractESDIRK
-from ..._newton import Newton
 from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
 from ._solve import Integrated, SensitivityInputs, checked, integrated, sensitivities
@@ -199,7 +199,9 @@ def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs, tole
 
 def _pair(ct, t):
     """`Re sum(ct * t)`, JAX's pairing of a cotangent with a tangent (complex included)."""
-    return sum(jnp.sum(jnp.real(c * x)) for c, x in zip(*map(jax.tree.leaves, (ct, t)), strict=True))
+    return sum(
+        jnp.sum(jnp.real(c * x)) for c, x in zip(*map(jax.tree.leaves, (ct, t)), strict=True)
+    )
 
 
 def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, tolerances):
@@ -264,4 +266,3 @@ def _completed(basis: Integrated, inputs: SensitivityInputs) -> Integrated:
     zeros = lambda x: jnp.zeros((k, *jnp.shape(x)), jnp.result_type(x))
     fill = lambda b, x: jax.tree.map(zeros, x) if b is None else b
     return jax.tree.map(fill, basis, theta, is_leaf=lambda x: x is None)
-

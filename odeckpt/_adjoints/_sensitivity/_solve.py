@@ -92,8 +92,8 @@ def sensitivities(
     aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
     final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
     unscale = lambda s, axis: jax.tree.map(
-        lambda x: x * scales.reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1)).astype(
-            x.dtype
+        lambda x: (
+            x * scales.reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1)).astype(x.dtype)
         ),
         s,
     )

@@ -148,12 +148,13 @@ class MaxNormController(AbstractController):
             return controller.adapt(
                 t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept
             )
+
         def mean_squares(error, a, b, axis):
             """Per group: the mean over its components of `(error / weight)^2`."""
             rtol, atol = (controller.rtol, controller.atol) if axis == 0 else tolerances
             weight = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
             squares = jnp.abs(error / weight) ** 2
-            return jnp.mean(squares.reshape(squares.shape[: axis] + (-1,)), axis=-1)
+            return jnp.mean(squares.reshape(squares.shape[:axis] + (-1,)), axis=-1)
 
         def group(error, a, b, axis):
             leaves = [
