@@ -48,6 +48,12 @@ class ForwardSensitivity(AbstractAdjoint):
     `SaveAt(dense=True)` raise. A failed solve of the sensitivities (which may need more
     steps than the state alone) raises with `throw=True`, and gives NaN derivatives.
 
+    **Arguments:**
+
+    - `rtol`, `atol`: the tolerances the (scaled) sensitivities are held to; `None` takes the
+        solve's own (CVODES' choice). Tighter values buy a more accurate derivative with more
+        steps.
+
     **Example:**
 
     ```python
