@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         BacksolveAdjoint as BacksolveAdjoint,
         DirectAdjoint as DirectAdjoint,
         ForwardMode as ForwardMode,
+        ForwardSensitivity as ForwardSensitivity,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
     from ._controllers import (

@@ -177,6 +177,8 @@ class Prepared(eqx.Module):
     num_jacobian_evals: IntScalar
     num_lu_factorisations: IntScalar
     solve_complex: Callable[[Array], Array] | None = None
+    factors: Y = None
+    """The factors behind `solve` (a `ShiftedLU`; `None` for a matrix-free method)."""
 
 
 class AbstractNewton(eqx.Module):
@@ -233,9 +235,17 @@ class AbstractNewton(eqx.Module):
         `cache` (a stepper may then keep its step size to save them)."""
 
     @abc.abstractmethod
-    def tangent(self, jacobian: Jacobian, system: AbstractSystem, z: Array, rhs: Array) -> Array:
+    def tangent(
+        self, jacobian: Jacobian, system: AbstractSystem, z: Array, rhs: Array, factors
+    ) -> Array:
         """`(d residual / dz (z))^{-1} rhs` (for a `Stage`: `(I - hg df/dz(z))^{-1} rhs`),
-        transposable and linear in `rhs`."""
+        linear in `rhs` (and transposable, except where a method says otherwise); `factors`
+        are the attempt's `Prepared.factors`."""
+
+    def refreshed(self, cache: Y) -> Y:
+        """`cache`, asking for a Jacobian at the next attempt (unchanged for a method that
+        keeps none)."""
+        return cache
 
     def with_tolerances(self, rtol: float, atol: float) -> "AbstractNewton":
         """This method with unset tolerances taken from `rtol` and `atol`."""
@@ -270,7 +280,9 @@ class AbstractNewton(eqx.Module):
         guess = jax.lax.stop_gradient(guess)
         z, info = self._iterate(no_grad(stage), guess, prepared, scale, eta, skip)
         z = jnp.where(info.converged, z, jax.lax.stop_gradient(guess))
-        return _stage_value(stage, jax.lax.stop_gradient(z), newton=self, jacobian=jacobian), info
+        z = jax.lax.stop_gradient(z)
+        factors = no_grad(prepared.factors)
+        return _stage_value(stage, z, factors, newton=self, jacobian=jacobian), info
 
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
         eps = jnp.finfo(scale.dtype).eps
@@ -311,20 +323,20 @@ class AbstractNewton(eqx.Module):
 
 @eqx.filter_custom_jvp
 def _stage_value(
-    stage: AbstractSystem, z: Array, *, newton: AbstractNewton, jacobian: Jacobian
+    stage: AbstractSystem, z: Array, factors, *, newton: AbstractNewton, jacobian: Jacobian
 ) -> Array:
     """`z`, the converged solution of `stage`, with the derivative of the exact solution."""
-    del stage, newton, jacobian
+    del stage, factors, newton, jacobian
     return z
 
 
 @_stage_value.def_jvp
 def _stage_value_jvp(primals, tangents, *, newton: AbstractNewton, jacobian: Jacobian):
     # Implicit function theorem: G(z, p) = 0 gives dz = -(dG/dz)^{-1} (dG/dp dp).
-    stage, z = primals
-    d_stage, _ = tangents
+    stage, z, factors = primals
+    d_stage, _, _ = tangents
     _, rhs = eqx.filter_jvp(lambda s: s.residual(z), (stage,), (d_stage,))
-    return z, -newton.tangent(jacobian, stage, z, rhs)
+    return z, -newton.tangent(jacobian, stage, z, rhs, factors)
 
 
 class ShiftedLU(eqx.Module):
@@ -398,6 +410,13 @@ class Newton(AbstractNewton):
         slowly than this factor per iteration (Hairer & Wanner's RADAU5 uses 0.001, and 0.1
         when the Jacobian is expensive; see `docs/architecture.md` for why a lax value costs
         more than it saves).
+    - `tangent_solve`: how a stage's derivative (implicit function theorem) is solved:
+        `"exact"` with a Jacobian evaluated at the stage and its LU factors (transposable:
+        reverse mode); `"staggered"` by iterating with the step's LU factors and exact
+        Jacobian-vector products until the increments are below the tolerances (the
+        staggered corrector of forward sensitivity analysis: no extra Jacobian or
+        factorisation; forward mode only). `odeckpt.ForwardSensitivity` selects
+        `"staggered"`.
 
     **Example:**
 
@@ -418,11 +437,16 @@ class Newton(AbstractNewton):
     kappa: float = 1e-2
     max_iters: int = eqx.field(default=10, static=True)
     reuse_rate: float = 0.05
+    tangent_solve: str = eqx.field(default="exact", static=True)
 
     def __check_init__(self):
         _check_common(self)
         if not 0 < self.reuse_rate < 1:
             raise ValueError(f"Newton(reuse_rate={self.reuse_rate}) must be in (0, 1).")
+        if self.tangent_solve not in ("exact", "staggered"):
+            raise ValueError(
+                f"Newton(tangent_solve={self.tangent_solve!r}) must be 'exact' or 'staggered'."
+            )
 
     def init_cache(self, y0, t0, with_complex=False):
         n = y0.shape[0]
@@ -465,7 +489,11 @@ class Newton(AbstractNewton):
             num_jacobian_evals=evaluate.astype(jnp.int32),
             num_lu_factorisations=len(shifts) * refactor.astype(jnp.int32),
             solve_complex=None if lu_complex is None else lu_complex.solve,
+            factors=factors[0],
         )
+
+    def refreshed(self, cache):
+        return dataclasses.replace(cache, refresh=jnp.array(True))
 
     def next_caches(self, cache, failed, rate):
         slow = failed | (rate > self.reuse_rate)
@@ -476,8 +504,53 @@ class Newton(AbstractNewton):
     def reuses_factors(self, cache):
         return ~cache.refresh
 
-    def tangent(self, jacobian, system, z, rhs):
+    def tangent(self, jacobian, system, z, rhs, factors):
+        if self.tangent_solve == "staggered" and isinstance(system, Stage):
+            return self._staggered(system, z, rhs, factors)
         return lu_solver(system.matrix(jacobian, z))(rhs)
+
+    def _staggered(self, stage: Stage, z: Array, rhs: Array, factors) -> Array:
+        """`(I - hg J(z))^{-1} rhs` by the iteration `x <- x + M^{-1} (rhs - (I - hg J(z)) x)`
+        with `M` the step's factors of `I - hg J` (`J` possibly from an earlier point), the
+        products `J(z) x` exact (Jacobian-vector products); stopped as Newton's iteration is,
+        in the norm scaled by `atol + rtol |x|`. NaN if it diverges or does not converge in
+        `max_iters` iterations, so that the step is rejected and retried shorter.
+
+        **References:** CVODES documentation, "Forward sensitivity analysis", the staggered
+        corrector method; M. Feehery, J. Tolsma & P. Barton, *Appl. Numer. Math.* 25 (1997).
+        """
+        solve = factors.solve
+        matvec = lambda v: jax.jvp(stage.residual, (z,), (v,))[1]
+        coordinates = stage.field.coordinates
+        rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
+        atol = _DEFAULT_ATOL if self.atol is None else self.atol
+        eps = jnp.finfo(z.dtype).eps
+        count = coordinates.num_components
+
+        def norm(d, x):
+            weight = atol + rtol * coordinates.modulus(x)
+            return jnp.sqrt(jnp.sum(jnp.abs(d / weight) ** 2) / count)
+
+        def cond(carry):
+            _, k, _, done, failed = carry
+            return ~done & ~failed & (k < self.max_iters)
+
+        def body(carry):
+            x, k, previous, _, _ = carry
+            dx = solve(rhs - matvec(x))
+            x = x + dx
+            size = norm(dx, x)
+            theta = size / jnp.where(previous > 0, previous, 1.0)
+            rounding = size <= norm(10 * eps * coordinates.modulus(x), x)
+            done = ((theta < 1) & (theta / (1 - theta) * size <= 1e-3 * self.kappa)) | rounding
+            failed = ~done & ((theta >= 1) | ~jnp.isfinite(size))
+            return x, k + 1, size, done, failed
+
+        x0 = solve(rhs)
+        zero = jnp.zeros((), z.dtype)
+        carry = (x0, jnp.zeros((), jnp.int32), norm(x0, x0), jnp.array(False), ~jnp.isfinite(zero))
+        x, _, _, done, _ = jax.lax.while_loop(cond, body, carry)
+        return jnp.where(done, x, jnp.nan)
 
 
 class LUSolver(eqx.Module):
@@ -597,7 +670,8 @@ class NewtonKrylov(AbstractNewton):
     def reuses_factors(self, cache):
         return jnp.array(False)
 
-    def tangent(self, jacobian, system, z, rhs):
+    def tangent(self, jacobian, system, z, rhs, factors):
+        del factors
         structure = jax.ShapeDtypeStruct(z.shape, z.dtype)
         gmres = self._gmres(self.tangent_rtol)
 

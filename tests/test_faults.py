@@ -28,7 +28,7 @@ import odeckpt
 from odeckpt._steppers import STEPPERS
 
 STEPPER_NAMES = sorted(STEPPERS)
-REVERSE = ("direct", "recursive", "backsolve")
+REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity")
 ADJOINTS = (*REVERSE, "forward")
 T1 = 1.0
 FAULTS = (np.nan, np.inf, -np.inf)
@@ -43,6 +43,8 @@ def _covering_pairs() -> set[tuple[str, str]]:
 def _pairs():
     fast = _covering_pairs()
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
+        if adjoint == "forward_sensitivity" and STEPPERS[name].carries_history:
+            continue  # refused at call time (tests/test_sensitivity.py)
         marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
         yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
 

@@ -12,11 +12,13 @@ from ._checkpointed import (
     RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
 )
 from ._forward import ForwardMode as ForwardMode
+from ._sensitivity import ForwardSensitivity as ForwardSensitivity
 
 ADJOINTS: dict[str, type[AbstractAdjoint]] = {
     "recursive": RecursiveCheckpointAdjoint,
     "backsolve": BacksolveAdjoint,
     "direct": DirectAdjoint,
     "forward": ForwardMode,
+    "forward_sensitivity": ForwardSensitivity,
 }
 """Every built-in adjoint, by the name `solve(adjoint=...)` accepts."""

@@ -113,3 +113,20 @@ class AbstractStepper(eqx.Module):
         """`f(t, y, args)` at the point the stepper state belongs to; the default: the state is
         that derivative itself (every explicit stepper)."""
         return state
+
+    carries_history: ClassVar[bool] = False
+    """Whether the stepper state holds values from earlier steps beyond `f(t, y, args)` and
+    caches (a multistep history, a predictor polynomial), so that a step is not a function
+    of `(t, y, derivative)` alone."""
+
+    def with_derivative(self, state: Y, derivative: Y) -> Y:
+        """`state` with the part that `derivative` returns replaced by `derivative` (so that
+        forward sensitivities can differentiate a step with respect to it); the default: the
+        state is that derivative itself."""
+        del state
+        return derivative
+
+    def with_fresh_jacobian(self, state: Y) -> Y:
+        """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;
+        the default: unchanged)."""
+        return state

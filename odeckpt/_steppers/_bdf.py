@@ -226,6 +226,8 @@ class BDF(AbstractProposer):
             equal_steps=jnp.zeros((), jnp.int32),
         )
 
+    carries_history = True
+
     def derivative(self, state: BDFState) -> Y:
         """**Returns:** `f(t, y, args)` at the state's point."""
         return state.implicit.f

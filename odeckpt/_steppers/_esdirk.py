@@ -1,5 +1,6 @@
 """One generic step for every ESDIRK tableau, with Newton's method for the implicit stages."""
 
+import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
@@ -72,6 +73,14 @@ class AbstractESDIRK(AbstractImplicit):
     def derivative(self, state: ImplicitState) -> Y:
         """**Returns:** `state.f`, i.e. `f(t, y, args)` at the state's point."""
         return state.f
+
+    def with_derivative(self, state: ImplicitState, derivative: Y) -> ImplicitState:
+        """**Returns:** `state` with `f` replaced by `derivative`."""
+        return dataclasses.replace(state, f=derivative)
+
+    def with_fresh_jacobian(self, state: ImplicitState) -> ImplicitState:
+        """**Returns:** `state`, its Newton cache asking for a Jacobian at the next attempt."""
+        return dataclasses.replace(state, cache=self.newton.refreshed(state.cache))
 
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: ImplicitState

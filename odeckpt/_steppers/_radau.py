@@ -199,6 +199,8 @@ class Radau5(AbstractProposer):
             retry=jnp.array(True),
         )
 
+    carries_history = True
+
     def derivative(self, state: RadauState) -> Y:
         """**Returns:** `f(t, y, args)` at the state's point."""
         return state.implicit.f

@@ -25,6 +25,11 @@ class Sweeps(NamedTuple):
         `ct_out`, the cotangent of `out` (float0 zeros on its leaves that are not inexact).
         `want`, of the type of `inputs`, says per entry whether any of its leaves has a
         tangent: the cotangents of the others are never read.
+    - `tangent(inputs, saved, t_inputs) -> t_out` (optional): the tangent of `out` along
+        `t_inputs` (a tangent of `inputs`, zero on the leaves nobody differentiates), linear in
+        `t_inputs`, with the structure of `out` (any value on its leaves that are not inexact);
+        `None`: the JVP of `primal`. For a call whose forward mode is not the JVP of the
+        primal computation (forward sensitivities with their own error control).
 
     **Example:** the sweeps of `sin`, which saves `cos(x)` for the reverse sweep (used with
     `differentiable`, whose example runs them).
@@ -45,6 +50,7 @@ class Sweeps(NamedTuple):
 
     forward: Callable[[Any], tuple[Any, Any]]
     reverse: Callable[[Any, Any, Any, Any], Any]
+    tangent: Callable[[Any, Any, Any], Any] | None = None
 
 
 def differentiable(
@@ -100,7 +106,7 @@ def differentiable(
         # tangent, so the transpose builds no cotangent for them.
         is_zero = lambda t: isinstance(t, SymbolicZero)
         tangents = jtu.tree_map(lambda t: None if is_zero(t) else t, tangents, is_leaf=is_zero)
-        forward, reverse = sweeps()
+        forward, reverse, custom_tangent = sweeps()
         out, saved = forward(inputs)
         out_struct = jax.eval_shape(lambda: out)
         linear = [
@@ -115,13 +121,17 @@ def differentiable(
         def tangent(res_leaves, lin_leaves):
             if forward_error is not None:
                 raise NoForwardMode(forward_error)
-            inputs, _ = jtu.tree_unflatten(res_def, res_leaves)
+            inputs, saved = jtu.tree_unflatten(res_def, res_leaves)
             it = iter(lin_leaves)
             t = [
                 next(it) if keep else _zero(p)
                 for p, keep in zip(_leaves(inputs), linear, strict=True)
             ]
-            t_out = jax.jvp(primal, (inputs,), (jtu.tree_unflatten(in_def, t),))[1]
+            t_inputs = jtu.tree_unflatten(in_def, t)
+            if custom_tangent is None:
+                t_out = jax.jvp(primal, (inputs,), (t_inputs,))[1]
+            else:
+                t_out = custom_tangent(inputs, saved, t_inputs)
             return jtu.tree_leaves(_inexact_part(t_out))
 
         def transpose(res_leaves, ct_leaves):

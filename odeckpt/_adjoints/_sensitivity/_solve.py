@@ -1,0 +1,110 @@
+"""The solve of the state with its forward sensitivities along given directions, and the
+tangents of the solve's outputs it gives."""
+
+import dataclasses
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._integrate import IntegrationLoop
+from ..._loop_state import LoopState
+from ..._outputs import Outputs
+from ..._status import Status
+from .._base import while_loop
+from ._stepper import Augmented, differentiable_part, sensitivity_loop
+
+SENSITIVITY_FAILED = (
+    "ForwardSensitivity: the solve of the sensitivities failed (max_steps reached, step size "
+    "underflow or a non-finite sensitivity), although the solve of the state succeeded. The "
+    "sensitivities' error control may need more steps than the state's. Fix: raise "
+    "`max_steps`, loosen `rtol`/`atol`, or use adjoint='recursive' (the derivative of the "
+    "discrete solve, without error control)."
+)
+
+
+class SensitivityInputs(NamedTuple):
+    """What a solve with `ForwardSensitivity` is differentiated with respect to."""
+
+    loop: IntegrationLoop
+    init: LoopState
+    outputs: Outputs
+
+
+class Integrated(eqx.Module):
+    """The inputs whose tangents the sensitivity equations carry: the initial state, the
+    parameters (inexact arrays of the vector field and of `args`) and the initial time. (The
+    final time and the save times enter the outputs' tangents through `f` at those times.)"""
+
+    y0: object
+    diff: object
+    t0: object
+
+
+class Sensitivities(eqx.Module):
+    """The tangents of a solve along one or more directions (leading axis), unscaled: at the
+    end of the span and at the save times (`None` without them), and whether the solve of the
+    sensitivities succeeded."""
+
+    end: object
+    rows: object
+    succeeded: jax.Array
+
+
+def integrated(inputs: SensitivityInputs) -> Integrated:
+    diff, _ = differentiable_part(inputs.loop.f, inputs.loop.args)
+    return Integrated(inputs.init.y, diff, inputs.init.t)
+
+
+def _scale(theta: Integrated, span, direction: Integrated):
+    """CVODES' parameter scaling of one direction: the largest `|d_j| / pbar_j` with `pbar_j =
+    |theta_j|` (1 where `theta_j = 0`; the span for the initial time), or 1 for a direction
+    with no integrated part. The scaled sensitivity `s / scale` is then held to the state's
+    tolerances."""
+    pbar = lambda x: jnp.where(x == 0, 1, jnp.abs(x))
+    theta = dataclasses.replace(theta, t0=span)
+    ratios = jax.tree.map(lambda d, x: jnp.max(jnp.abs(d) / pbar(x), initial=0), direction, theta)
+    scale = jnp.max(jnp.stack([r.astype(span.dtype) for r in jax.tree.leaves(ratios)]))
+    return jnp.where(scale > 0, scale, 1).astype(span.dtype)
+
+
+def sensitivities(
+    inputs: SensitivityInputs, directions: Integrated, tolerances: tuple
+) -> Sensitivities:
+    """Solve the state with its sensitivities along `directions` (each leaf with a leading axis
+    of directions), under one error control (`MaxNormController`), the sensitivities held to
+    `tolerances` (`(rtol, atol)`, `None` for the state's)."""
+    loop, init, _ = inputs
+    theta = integrated(inputs)
+    span = loop.t_end - init.t
+    scales = jax.vmap(lambda d: _scale(theta, span, d))(directions)
+    f0 = loop.stepper.derivative(init.stepper_state)
+
+    def start(d, scale):
+        s0 = jax.tree.map(
+            lambda dy, f: ((dy - f * d.t0.astype(f.dtype)) / scale).astype(f.dtype), d.y0, f0
+        )
+        return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff)
+
+    s0, dtheta = jax.vmap(start)(directions, scales)
+    aug = sensitivity_loop(loop, dtheta, *tolerances)
+    aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
+    final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
+    unscale = lambda s, axis: jax.tree.map(
+        lambda x: (
+            x * scales.reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1)).astype(x.dtype)
+        ),
+        s,
+    )
+    rows = None if outputs.ts is None else unscale(outputs.ts.s, 1)
+    succeeded = aug.final_status(final) == Status.successful
+    return Sensitivities(unscale(final.y.s, 0), rows, succeeded)
+
+
+def checked(loop: IntegrationLoop, primal_ok, sens: Sensitivities, tree):
+    """`tree`, raising (with `throw`) if the sensitivity solve failed after a successful solve
+    of the state, and NaN wherever the sensitivity solve failed."""
+    if loop.throw:
+        tree = eqx.error_if(tree, primal_ok & ~sens.succeeded, SENSITIVITY_FAILED)
+    return jax.tree.map(lambda x: jnp.where(sens.succeeded, x, jnp.nan).astype(x.dtype), tree)

@@ -1,0 +1,193 @@
+"""The state and its forward sensitivities as one system: a stepper that advances both, and a
+controller that judges their errors together (CVODES' full error control).
+
+A step of the sensitivities is the step of the state differentiated along each direction with
+the step's times held fixed: for a Runge-Kutta, ESDIRK or Rosenbrock method that is the same
+method applied to the sensitivity equations `s' = (df/dy) s + (df/dp) dp` (internal
+differentiation; Hairer, Nørsett & Wanner, *Solving ODEs I*, Sec. II.6), its stages solved with
+the state's linear algebra (see `odeckpt.Newton(tangent="staggered")`), its error estimate the
+embedded estimate of the sensitivities.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._checks import all_finite
+from ..._controllers import AbstractController, PIDController
+from ..._steppers._base import AbstractStepper, Step
+from ..._types import Args, Scalar, VectorField, Y
+
+
+class Augmented(eqx.Module):
+    """The state `y` and its scaled sensitivities `s` (leaves like `y`'s with a leading axis,
+    one entry per direction)."""
+
+    y: Y
+    s: Y
+
+
+class SensitivityArgs(eqx.Module):
+    """The solve's `args` and the directions of the parameters: the tangents (one per
+    direction, on a leading axis) of the inexact arrays of `(f, args)`."""
+
+    args: Args
+    directions: Y
+
+
+class SensitivityState(eqx.Module):
+    """The stepper's state and the sensitivities of its derivative part (`f(t, y)`)."""
+
+    state: Y
+    ds: Y
+
+
+def differentiable_part(f: VectorField, args: Args):
+    """`(diff, static)`: the inexact arrays of `(f, args)` (the parameters) and the rest."""
+    return eqx.partition((f, args), eqx.is_inexact_array)
+
+
+class SensitivityStepper(AbstractStepper):
+    """Advances `Augmented(y, s)` with `stepper`: the step of `y`, and its derivative along each
+    direction (`s` for the state, `SensitivityArgs.directions` for the parameters, `ds` for the
+    derivative part of the stepper state) with the step's times fixed."""
+
+    stepper: AbstractStepper
+
+    name = property(lambda self: self.stepper.name)
+    order = property(lambda self: self.stepper.order)
+    error_order = property(lambda self: self.stepper.error_order)
+    fn_evals_per_step = property(lambda self: self.stepper.fn_evals_per_step)
+    dense_degree = property(lambda self: self.stepper.dense_degree)
+
+    def init(self, f, t0, y0: Augmented, args: SensitivityArgs) -> SensitivityState:
+        state = self.stepper.init(f, t0, y0.y, args.args)
+        diff, static = differentiable_part(f, args.args)
+
+        def field(y, diff):
+            f_, args_ = eqx.combine(diff, static)
+            return f_(t0, y, args_)
+
+        along = lambda s, d: jax.jvp(field, (y0.y, diff), (s, d))[1]
+        return SensitivityState(state, jax.vmap(along)(y0.s, args.directions))
+
+    def derivative(self, state: SensitivityState) -> Augmented:
+        return Augmented(self.stepper.derivative(state.state), state.ds)
+
+    def step(
+        self, f: VectorField, t0: Scalar, t1: Scalar, y0: Augmented, args: SensitivityArgs,
+        state: SensitivityState,
+    ) -> Step:  # fmt: skip
+        inner = self.stepper
+        diff, static = differentiable_part(f, args.args)
+
+        def step(y, diff, derivative):
+            f_, args_ = eqx.combine(diff, static)
+            step = inner.step(f_, t0, t1, y, args_, inner.with_derivative(state.state, derivative))
+            return step, (step.y1, step.y_error, step.dense, inner.derivative(step.state))
+
+        primals = (y0.y, diff, inner.derivative(state.state))
+
+        def along(s, d, ds):
+            (step_, values), (_, tangents) = jax.jvp(step, primals, (s, d, ds))
+            return (step_, values), tangents
+
+        (taken, _), (s1, s_error, s_dense, ds1) = jax.vmap(along, out_axes=((None, None), 0))(
+            y0.s, args.directions, state.ds
+        )
+        # The dense coefficients' leading axis is the power of theta: directions go second.
+        s_dense = jax.tree.map(lambda c: jnp.moveaxis(c, 0, 1), s_dense)
+        # A stage whose sensitivities did not converge (NaN from the staggered corrector, whose
+        # matrix may come from an earlier point) fails the step, as a Newton failure does:
+        # retried shorter, with a fresh Jacobian (as CVODES does).
+        sens_failed = ~all_finite((s1, ds1))
+        failed = sens_failed if taken.failed is None else taken.failed | sens_failed
+        on_reject = taken.state_on_reject
+        if on_reject is not None:
+            fresh = inner.with_fresh_jacobian(on_reject)
+            on_reject = jax.tree.map(lambda a, b: jnp.where(sens_failed, a, b), fresh, on_reject)
+        return Step(
+            y1=Augmented(taken.y1, s1),
+            y_error=None if taken.y_error is None else Augmented(taken.y_error, s_error),
+            dense=Augmented(taken.dense, s_dense),
+            state=SensitivityState(taken.state, ds1),
+            state_on_reject=None if on_reject is None else SensitivityState(on_reject, state.ds),
+            failed=failed,
+            nonfinite=taken.nonfinite,
+            num_jacobian_evals=taken.num_jacobian_evals,
+            num_lu_factorisations=taken.num_lu_factorisations,
+            num_fn_evals=taken.num_fn_evals,
+        )
+
+
+class MaxNormController(AbstractController):
+    """`controller`, judging an augmented step by the largest of the weighted root-mean-square
+    error norms of the state and of each direction's sensitivities (as CVODES does with
+    `errconS`: its `cvSensUpdateNorm`), each with the weights `atol + rtol max(|y0|, |y1|)` of
+    its own values. The sensitivities are scaled (see `ForwardSensitivity`), so one `atol`
+    serves all of them: `atol` (and `rtol`) here, or the controller's where `None`."""
+
+    controller: AbstractController
+    rtol: float | None = None
+    atol: float | None = None
+
+    def check(self, stepper, dt0):
+        self.controller.check(stepper, dt0)
+
+    def init(self, f, t0, y0, f0, args, stepper, dt0):
+        return self.controller.init(f, t0, y0, f0, args, stepper, dt0)
+
+    def reject(self, t0, t1, dt, state):
+        return self.controller.reject(t0, t1, dt, state)
+
+    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
+        controller = self.controller
+        if y_error is None or not isinstance(controller, PIDController):
+            return controller.adapt(
+                t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept
+            )
+
+        def mean_squares(error, a, b, axis):
+            """Per group: the mean over its components of `(error / weight)^2`."""
+            rtol, atol = (controller.rtol, controller.atol) if axis == 0 else tolerances
+            weight = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
+            squares = jnp.abs(error / weight) ** 2
+            return jnp.mean(squares.reshape(squares.shape[:axis] + (-1,)), axis=-1)
+
+        def group(error, a, b, axis):
+            leaves = [
+                (mean_squares(e, x, z, axis), e[(0,) * axis].size)
+                for e, x, z in zip(*map(jax.tree.leaves, (error, a, b)), strict=True)
+            ]
+            size = sum(n for _, n in leaves)
+            return sum(m * n for m, n in leaves) / size
+
+        tolerances = (
+            controller.rtol if self.rtol is None else self.rtol,
+            controller.atol if self.atol is None else self.atol,
+        )
+        state_ms = group(y_error.y, y0.y, y1.y, 0)
+        sens_ms = group(y_error.s, y0.s, y1.s, 1)
+        # NaN anywhere stays NaN (jnp.max propagates it).
+        worst = jnp.sqrt(jnp.max(jnp.concatenate([state_ms[None], sens_ms])))
+        # The controller sees one component whose weighted error is `worst`.
+        zero = jnp.zeros((1,), jnp.result_type(worst))
+        return controller.adapt(
+            t0, t1, dt, zero, zero, (worst * controller.atol)[None], stepper, state,
+            clipped=clipped, accept=accept,
+        )  # fmt: skip
+
+
+def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
+    """`loop` advancing the state with the sensitivities along `directions` (the parameters'
+    tangents, one per direction on a leading axis), these held to `rtol` and `atol` (`None`:
+    the state's)."""
+    return dataclasses.replace(
+        loop,
+        args=SensitivityArgs(loop.args, directions),
+        stepper=SensitivityStepper(loop.stepper),
+        controller=MaxNormController(loop.controller, rtol, atol),
+        progress=None,
+    )
