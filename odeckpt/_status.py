@@ -35,6 +35,12 @@ class Status(eqx.Enumeration):
         "`ConstantStep`, reduce `dt0`; otherwise loosen rtol/atol, raise "
         "`Newton(max_iters=...)`, or try `solver=odeckpt.Rodas5()` (no Newton iteration)."
     )
+    max_jumps_reached = (
+        "An event with `update=` fired more often than its `max_jumps` allows (a Zeno "
+        "system jumps ever more often, e.g. a bouncing ball coming to rest). Fix: raise "
+        "`Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the solve "
+        "before the jumps accumulate."
+    )
     nonfinite_y0 = (
         "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
         "computed."
