@@ -45,8 +45,9 @@ class Event(eqx.Module):
 
     - `fn`: `fn(t, y, args)` returning a real floating scalar (not a bool or an integer:
         return e.g. `y[0] - 1.0`, not `y[0] > 1.0`).
-    - `direction`: `None` for both directions, `+1` for rising crossings only, `-1` for
-        falling ones only (in the direction of `t`, also when integrating backwards).
+    - `direction`: `None` for both directions, `+1` for rising crossings only (from negative
+        to positive as the solve proceeds, also when it integrates backwards in time, as in
+        scipy's `solve_ivp`), `-1` for falling ones only.
     - `terminal`: end the solve at the event (`sol.ts[-1]`/`sol.ys[-1]` are then the event's
         time and state with the default `saveat`, and `sol.event` the event's index).
     - `update`: `update(t, y, args) -> y`, a jump of the state at the event, after which the
@@ -133,9 +134,11 @@ class EventState(eqx.Module):
 
 class Crossing(eqx.Module):
     """The first crossing in a step: whether there is one, which event (`index`), where in
-    the step (`theta`, normalised time) and the time `t` and state `y` there."""
+    the step (`theta`, normalised time) and the time `t` and state `y` there; `nonfinite`:
+    some event's `fn` was NaN or inf in the step."""
 
     found: BoolScalar
+    nonfinite: BoolScalar
     index: IntScalar
     theta: Scalar
     t: Scalar
@@ -205,17 +208,18 @@ class EventSet(eqx.Module):
         index = jnp.argmin(jnp.where(founds, jax.lax.stop_gradient(roots), jnp.inf))
         theta = jnp.where(jnp.any(founds), roots[index], 1)
         any_found = jnp.any(founds) if found is None else found
-        return Crossing(any_found, index.astype(jnp.int32), theta, t0 + theta * h,
+        nonfinite = ~jnp.all(jnp.isfinite(samples))
+        return Crossing(any_found, nonfinite, index.astype(jnp.int32), theta, t0 + theta * h,
                         _at(dense, theta))  # fmt: skip
 
     def _crosses(self, event: Event, before: Array, after: Array) -> Array:
-        """Whether `fn` changes sign (in `event`'s direction) between consecutive samples."""
+        """Whether `fn` changes sign (in `event`'s direction, along the solve) between
+        consecutive samples."""
         rising = (before < 0) & (after >= 0)
         falling = (before > 0) & (after <= 0)
         if event.direction is None:
             return rising | falling
-        up = event.direction * self.time_direction > 0
-        return jnp.where(up, rising, falling)
+        return rising if event.direction > 0 else falling
 
 
 def _at(dense: Y, theta: Scalar) -> Y:

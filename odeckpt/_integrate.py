@@ -154,12 +154,13 @@ class IntegrationLoop(eqx.Module):
             jumps = start.events.num_jumps
             jumping = fired & ~terminal
             too_many = jumping & (jumps[index] >= events.max_jumps[index])
-            jumping = jumping & ~too_many
+            jumping = jumping & ~too_many & ~crossing.nonfinite
             event_state = EventState(
                 num_jumps=jumps.at[index].add(jumping.astype(jnp.int32)),
                 event=jnp.where(fired & terminal, index, start.events.event),
             )
             status = Status.where(too_many, Status.max_jumps_reached, new.status)
+            status = Status.where(accept & crossing.nonfinite, Status.nonfinite_event, status)
             new = dataclasses.replace(new, events=event_state, status=status)
             restart = restart | jumping
 

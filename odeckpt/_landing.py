@@ -62,13 +62,23 @@ def next_jump(xp: ModuleType, jump_ts, t, t_end):
 
 
 def before(xp: ModuleType, t):
-    """The largest floating-point number below `t`."""
-    return xp.nextafter(t, xp.asarray(-xp.inf, t.dtype))
+    """The largest floating-point number below `t` (with the derivative of `t` in JAX)."""
+    return _moved(xp, t, -xp.inf)
 
 
 def after(xp: ModuleType, t):
-    """The smallest floating-point number above `t`."""
-    return xp.nextafter(t, xp.asarray(xp.inf, t.dtype))
+    """The smallest floating-point number above `t` (with the derivative of `t` in JAX)."""
+    return _moved(xp, t, xp.inf)
+
+
+def _moved(xp: ModuleType, t, towards):
+    if xp is np:
+        return np.nextafter(t, np.asarray(towards, t.dtype))
+    import jax  # the NumPy replay imports no JAX
+
+    fixed = jax.lax.stop_gradient(t)
+    moved = t + (xp.nextafter(fixed, xp.asarray(towards, t.dtype)) - fixed)
+    return xp.where(xp.isfinite(fixed), moved, t)  # no jump left: `inf` stays `inf`
 
 
 def lands(xp: ModuleType, t, step_end, stop):

@@ -41,6 +41,11 @@ class Status(eqx.Enumeration):
         "`Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the solve "
         "before the jumps accumulate."
     )
+    nonfinite_event = (
+        "An event's fn returned NaN or inf, so whether it fired cannot be told. Fix: check "
+        "the event function (and `args`) for divisions by zero, square roots or logarithms of "
+        "negative values along the solution."
+    )
     nonfinite_y0 = (
         "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
         "computed."
