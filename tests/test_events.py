@@ -163,7 +163,8 @@ def test_jump_ts_with_constant_steps_keep_the_offline_schedule():
 
 def test_each_lane_finds_its_own_event_under_vmap():
     def hit(h):
-        sol = odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G), event=FLOOR)
+        sol = odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G), event=FLOOR,
+                            max_steps=64)  # fmt: skip
         return sol.ts[-1], sol.event
 
     hs = jnp.array([0.5, 1.0, 2.0, 10.0])  # the last one does not reach the floor by t = 1
