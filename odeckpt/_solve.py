@@ -181,7 +181,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     state = result.state
     status = loop.final_status(state)
     collected = _collect(saveat, direction, t0, y0, ts, save_times, state, result.outputs)
-    outputs = nan_derivatives_if(status != Status.successful, collected)
+    outputs = nan_derivatives_if(status != Status.successful, collected, (f, y0, t0, t1, args))
     if options.throw:
         outputs = raise_if_failed(status, outputs)
     ts_out, ys_out, dense = outputs
