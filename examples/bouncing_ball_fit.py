@@ -33,7 +33,7 @@ import odeckpt
 jax.config.update("jax_enable_x64", True)
 
 SIZE = os.environ.get("ODECKPT_EXAMPLE_SIZE", "full")
-OUTPUT = Path(os.environ.get("ODECKPT_EXAMPLE_OUTPUT", "example-output")) / "bouncing_ball"
+OUTPUT = Path(os.environ.get("ODECKPT_EXAMPLE_OUTPUT", "example-output")) / "bouncing_ball_fit"
 OUTPUT.mkdir(parents=True, exist_ok=True)
 SETTINGS = {"full": dict(iterations=150), "tiny": dict(iterations=5)}[SIZE]
 BOUNCES = 6

@@ -145,6 +145,17 @@ class Crossing(eqx.Module):
     y: Y
 
 
+class Outcome(eqx.Module):
+    """What an accepted step's crossing does: the event state after it, whether the state
+    jumps, whether that jump was one too many (`max_jumps`), whether an event's `fn` was NaN
+    or inf."""
+
+    state: EventState
+    jumping: BoolScalar
+    too_many: BoolScalar
+    nonfinite: BoolScalar
+
+
 class EventSet(eqx.Module):
     """The events of a solve, as the loop sees them: in internal time `tau = direction * t`
     (`time_direction` is `direction`)."""
@@ -174,6 +185,21 @@ class EventSet(eqx.Module):
     @property
     def max_jumps(self) -> Array:
         return jnp.array([e.max_jumps for e in self.events], jnp.int32)
+
+    def outcome(self, state: EventState, crossing: Crossing, accept: BoolScalar) -> Outcome:
+        """What `crossing` in a step (accepted if `accept`) does, from the event `state`."""
+        index = crossing.index
+        fired = accept & crossing.found
+        terminal = self.terminal[index]
+        jumping = fired & ~terminal
+        too_many = jumping & (state.num_jumps[index] >= self.max_jumps[index])
+        nonfinite = accept & crossing.nonfinite
+        jumping = jumping & ~too_many & ~nonfinite
+        after = EventState(
+            num_jumps=state.num_jumps.at[index].add(jumping.astype(jnp.int32)),
+            event=jnp.where(fired & terminal, index, state.event),
+        )
+        return Outcome(after, jumping, too_many, nonfinite)
 
     def locate(
         self, t0: Scalar, t1: Scalar, y0: Y, y1: Y, dense: Y, args: Args,

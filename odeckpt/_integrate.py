@@ -148,37 +148,31 @@ class IntegrationLoop(eqx.Module):
             restart = landed
         jumping = jnp.zeros((), bool)
         if crossing is not None:
-            events, index = self.events, crossing.index
-            fired = accept & crossing.found
-            terminal = events.terminal[index]
-            jumps = start.events.num_jumps
-            jumping = fired & ~terminal
-            too_many = jumping & (jumps[index] >= events.max_jumps[index])
-            jumping = jumping & ~too_many & ~crossing.nonfinite
-            event_state = EventState(
-                num_jumps=jumps.at[index].add(jumping.astype(jnp.int32)),
-                event=jnp.where(fired & terminal, index, start.events.event),
-            )
-            status = Status.where(too_many, Status.max_jumps_reached, new.status)
-            status = Status.where(accept & crossing.nonfinite, Status.nonfinite_event, status)
-            new = dataclasses.replace(new, events=event_state, status=status)
+            outcome = self.events.outcome(start.events, crossing, accept)
+            status = Status.where(outcome.too_many, Status.max_jumps_reached, new.status)
+            status = Status.where(outcome.nonfinite, Status.nonfinite_event, status)
+            new = dataclasses.replace(new, events=outcome.state, status=status)
+            jumping = outcome.jumping
             restart = restart | jumping
-
-        def fresh(new: LoopState) -> LoopState:
-            y = new.y
-            if crossing is not None:
-                jumped = self.events.update(crossing.index, new.t, y, self.args)
-                y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
-            stepper_state = self.stepper.init(self.f, new.t, y, self.args)
-            f0 = self.stepper.derivative(stepper_state)
-            dt, controller_state, _ = self.controller.init(
-                self.f, new.t, y, f0, self.args, self.stepper, new.dt
-            )
-            counts = new.counts + LoopState.increments(num_fn_evals=1)
-            return dataclasses.replace(new, y=y, stepper_state=stepper_state, dt=dt,
-                                       controller_state=controller_state, counts=counts)  # fmt: skip
-
+        fresh = lambda new: self._restart(new, jumping, crossing)
         return jax.lax.cond(restart, fresh, lambda new: new, new)
+
+    def _restart(self, new: LoopState, jumping: Array, crossing: Crossing | None) -> LoopState:
+        """`new` restarted at its point: after the event's jump if `jumping`, with a fresh
+        stepper state (its FSAL stage evaluated there) and controller state."""
+        y = new.y
+        if crossing is not None:
+            jumped = self.events.update(crossing.index, new.t, y, self.args)
+            y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
+        stepper_state = self.stepper.init(self.f, new.t, y, self.args)
+        f0 = self.stepper.derivative(stepper_state)
+        dt, controller_state, _ = self.controller.init(
+            self.f, new.t, y, f0, self.args, self.stepper, new.dt
+        )
+        return dataclasses.replace(
+            new, y=y, stepper_state=stepper_state, dt=dt, controller_state=controller_state,
+            counts=new.counts + LoopState.increments(num_fn_evals=1),
+        )  # fmt: skip
 
     def _verdict(self, step: Step, decision: Decision) -> Array:
         """The `StepRecord` verdict on an attempted step: `nonfinite` if its error estimate, its

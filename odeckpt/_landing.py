@@ -97,7 +97,13 @@ def saves_in_step(xp: ModuleType, ts, save_index, t1, rows: int):
 
 
 def constant_step_count(
-    t0: float, t1: float, dt0: float, ts: np.ndarray | None, per_step: int, dtype, max_steps: int,
+    t0: float,
+    t1: float,
+    dt0: float,
+    ts: np.ndarray | None,
+    per_step: int,
+    dtype,
+    max_steps: int,
     jump_ts: np.ndarray | None = None,
 ) -> int | None:
     """The steps a constant-step solve from `t0` to `t1` takes (with save times `ts` and known

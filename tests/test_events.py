@@ -88,8 +88,9 @@ def _bounce(e: float) -> odeckpt.Event:
 
 def _bounces(e, adjoint="recursive"):
     ball = lambda t, y, e: jnp.stack([y[1], -G * jnp.ones_like(y[1])])
+    saveat = odeckpt.SaveAt(steps=True)
     return odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 2.0), args=e, event=_bounce(e),
-                         adjoint=adjoint, saveat=odeckpt.SaveAt(steps=True), max_steps=64)  # fmt: skip
+                         adjoint=adjoint, saveat=saveat, max_steps=64)  # fmt: skip
 
 
 def _third_bounce(e: float) -> tuple[float, float]:
@@ -251,7 +252,7 @@ def test_no_event_costs_nothing():
     np.testing.assert_array_equal(plain.ys, with_event.ys)
     # Without events the program holds no trace of them: only the root finders' loops differ
     # (one per event), and the compiled program of a solve without events is the smaller.
-    loops = [_while_loops(lambda y: solve(y, e).ys, y0) for e in (None, never, (never, never))]
+    loops = [_while_loops(lambda y, e=e: solve(y, e).ys, y0) for e in (None, never, (never,) * 2)]
     assert loops[1] - loops[0] == 1 and loops[2] - loops[0] == 2
     size = lambda e: len(jax.jit(lambda y: solve(y, e).ys).lower(y0).as_text())
     assert size(None) < size(never)
