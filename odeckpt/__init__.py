@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         ConstantStep as ConstantStep,
         PIDController as PIDController,
     )
+    from ._events import Event as Event
     from ._memory import (
         CompiledMemory as CompiledMemory,
         MemoryReport as MemoryReport,

@@ -8,6 +8,8 @@ All times inside the loop are internal times `tau = direction * t`, so the loop 
 forwards: `f` is wrapped accordingly and step sizes are positive.
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,8 @@ from jaxtyping import Array, Float
 from ._checks import all_finite, with_nonfinite
 from ._controllers import AbstractController
 from ._dense import polynomial
-from ._landing import lands, next_stop, saves_in_step, saves_per_step
+from ._events import Crossing, EventSet, EventState, restrict
+from ._landing import after, before, lands, next_jump, next_stop, saves_in_step, saves_per_step
 from ._loop_state import LoopState, StepRecord, failure_status
 from ._outputs import Outputs, Rows, TimedRows, Writes
 from ._progress import ProgressMeter
@@ -49,14 +52,21 @@ class IntegrationLoop(eqx.Module):
     lets a checkpointing adjoint use the offline optimal schedule."""
     throw: bool = eqx.field(default=True, static=True)
     """Whether a failure raises (`solve(throw=...)`), in the backward pass too."""
+    events: EventSet | None = None
+    """The solve's events (`None`: none, and the loop is exactly the one without)."""
+    jump_ts: Float[Array, " j"] | None = None
+    """Known discontinuities (sorted internal times): steps land on them and restart."""
 
     def cond(self, state: LoopState) -> Array:
-        return (state.t < self.t_end) & (state.status == Status.successful)
+        going = (state.t < self.t_end) & (state.status == Status.successful)
+        return going if self.events is None else going & (state.events.event < 0)
 
     def final_status(self, state: LoopState) -> Status:
         """How a run that ended in `state` went: `max_steps_reached` if it stopped before
-        `t_end` without failing, else the state's status."""
+        `t_end` without failing (or a terminal event), else the state's status."""
         short = (state.status == Status.successful) & (state.t < self.t_end)
+        if self.events is not None:
+            short = short & (state.events.event < 0)
         return Status.where(short, Status.max_steps_reached, state.status)
 
     def step(
@@ -99,7 +109,16 @@ class IntegrationLoop(eqx.Module):
         next_dt = decision.next_dt if recorded is None else recorded.next_dt
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
         on_reject = state.stepper_state if step.state_on_reject is None else step.state_on_reject
-        save_index, saves = self._save_rows(state, t1, step.y1, step.dense, accept)
+        reached = Reached(jnp.where(clipped, self._stop(state), t1), step.y1, step.dense)
+        crossing = None
+        if self.events is not None:
+            crossing = self.events.locate(
+                t0, t1, state.y, step.y1, step.dense, self.args,
+                None if recorded is None else recorded.event,
+            )  # fmt: skip
+            reached = reached.at_event(crossing, accept)
+        t_rows = t1 if crossing is None else reached.t
+        save_index, saves = self._save_rows(state, t1, t_rows, reached.y, step.dense, accept)
         fn_evals = step.num_fn_evals
         increments = LoopState.increments(
             save_index=save_index - state.save_index, num_steps=1, num_accepted=accept,
@@ -109,21 +128,65 @@ class IntegrationLoop(eqx.Module):
         )  # fmt: skip
         failed = decision.underflow & ~accept
         new = LoopState(
-            t=jnp.where(accept, jnp.where(clipped, self._stop(state), t1), t0),
-            y=keep(step.y1, state.y),
+            t=jnp.where(accept, reached.t, t0),
+            y=keep(reached.y, state.y),
             dt=next_dt,
             stepper_state=keep(step.state, on_reject),
             controller_state=decision.state,
             counts=state.counts + increments,
             status=Status.where(failed, failure_status(verdict), state.status),
+            events=state.events,
         )
+        if self.events is not None or self.jump_ts is not None:
+            new = self._after_step(state, new, accept, crossing)
         if self.progress is not None:
             new = self.progress.update(new, new.t)
+        fired = None if crossing is None else accept & crossing.found
         return (
             new,
-            self._writes(state, accept, t1, step, saves),
-            StepRecord.make(verdict, clipped, next_dt),
+            self._writes(state, accept, t_rows, reached, saves),
+            StepRecord.make(verdict, clipped, next_dt, fired),
         )
+
+    def _after_step(
+        self, start: LoopState, new: LoopState, accept: Array, crossing: Crossing | None
+    ) -> LoopState:
+        """`new` after the step's event or known discontinuity: a terminal event ends the
+        solve; an event's `update` jumps the state; a jump or a landing on one of `jump_ts`
+        restarts the stepper (FSAL) and the controller there."""
+        restart = jnp.zeros((), bool)
+        if self.jump_ts is not None:
+            jump = next_jump(jnp, self.jump_ts, start.t, self.t_end)
+            landed = accept & (new.t == before(jnp, jump))
+            new = dataclasses.replace(new, t=jnp.where(landed, after(jnp, jump), new.t))
+            restart = landed
+        jumping = jnp.zeros((), bool)
+        if crossing is not None:
+            outcome = self.events.outcome(start.events, crossing, accept)
+            status = Status.where(outcome.too_many, Status.max_jumps_reached, new.status)
+            status = Status.where(outcome.nonfinite, Status.nonfinite_event, status)
+            new = dataclasses.replace(new, events=outcome.state, status=status)
+            jumping = outcome.jumping
+            restart = restart | jumping
+        fresh = lambda new: self._restart(new, jumping, crossing)
+        return jax.lax.cond(restart, fresh, lambda new: new, new)
+
+    def _restart(self, new: LoopState, jumping: Array, crossing: Crossing | None) -> LoopState:
+        """`new` restarted at its point: after the event's jump if `jumping`, with a fresh
+        stepper state (its FSAL stage evaluated there) and controller state."""
+        y = new.y
+        if crossing is not None:
+            jumped = self.events.update(crossing.index, new.t, y, self.args)
+            y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
+        stepper_state = self.stepper.init(self.f, new.t, y, self.args)
+        f0 = self.stepper.derivative(stepper_state)
+        dt, controller_state, _ = self.controller.init(
+            self.f, new.t, y, f0, self.args, self.stepper, new.dt
+        )
+        return dataclasses.replace(
+            new, y=y, stepper_state=stepper_state, dt=dt, controller_state=controller_state,
+            counts=new.counts + LoopState.increments(num_fn_evals=1),
+        )  # fmt: skip
 
     def _folds_checks(self, step: Step) -> bool:
         """Whether the finiteness checks of a step ride on the controller's error norm."""
@@ -140,20 +203,24 @@ class IntegrationLoop(eqx.Module):
             verdict = jnp.where(step.failed, StepRecord.newton_failed, verdict)
         return jnp.where(finite, verdict, StepRecord.nonfinite)
 
-    def _writes(self, state: LoopState, accept, t1: Scalar, step: Step, saves) -> Writes:
-        """The rows a step writes: its save times, and its end and continuous extension (at
-        the accepted step's number; a rejected step's go out of range)."""
+    def _writes(self, state: LoopState, accept, t1: Scalar, reached: "Reached", saves) -> Writes:
+        """The rows a step writes: its save times, and its end `t1` and continuous extension
+        (at the accepted step's number; a rejected step's go out of range)."""
         index = jnp.where(accept, state.num_accepted, self.max_steps)[None]
         one_row = lambda tree: jax.tree.map(lambda x: x[None], tree)
-        return Writes(
-            ts=saves,
-            steps=Rows(index, one_row(TimedRows(t1, step.y1))) if self.saveat.steps else None,
-            dense=Rows(index, one_row(TimedRows(t1, step.dense))) if self.saveat.dense else None,
-        )
+        steps = dense = None
+        if self.saveat.steps:
+            steps = Rows(index, one_row(TimedRows(t1, reached.y)))
+        if self.saveat.dense:
+            dense = Rows(index, one_row(TimedRows(t1, reached.dense)))
+        return Writes(ts=saves, steps=steps, dense=dense)
 
     def _stop(self, state: LoopState) -> Scalar:
         """The next time a step must land on (see `_landing.next_stop`)."""
-        return next_stop(jnp, self.ts, self.t_end, state.save_index, saves_per_step(self.stepper))
+        stop = next_stop(jnp, self.ts, self.t_end, state.save_index, saves_per_step(self.stepper))
+        if self.jump_ts is not None:
+            stop = jnp.minimum(stop, before(jnp, next_jump(jnp, self.jump_ts, state.t, self.t_end)))
+        return stop
 
     def _step_end(self, state: LoopState, clipped: Array | None) -> tuple[Scalar, Array]:
         """Where the step ends, and whether it was clipped to land on `_stop` (decided here
@@ -165,14 +232,17 @@ class IntegrationLoop(eqx.Module):
         return jnp.where(clipped, stop, t1), clipped
 
     def _save_rows(
-        self, state: LoopState, t1: Scalar, y1: Y, dense: Y, accept: Array
-    ) -> tuple[IntScalar, Rows | None]:
-        """The save times this step interpolates, as rows, and the save index after them.
-        (`_stop` makes the step end at or before the last save time the rows can hold.)"""
+        self, state: LoopState, t1: Scalar, t_reached: Scalar, y_reached: Y, dense: Y,
+        accept: Array,
+    ) -> tuple[IntScalar, Rows | None]:  # fmt: skip
+        """The save times this step interpolates, as rows, and the save index after them: those
+        up to `t_reached` (`t1`, or an event's time), interpolated on `dense` (over the step to
+        `t1`), with `y_reached` at `t_reached` itself. (`_stop` makes the step end at or before
+        the last save time the rows can hold.)"""
         if self.ts is None:
             return state.save_index, None
         rows = min(self.ts.shape[0], saves_per_step(self.stepper))
-        index, valid = saves_in_step(jnp, self.ts, state.save_index, t1, rows)
+        index, valid = saves_in_step(jnp, self.ts, state.save_index, t_reached, rows)
         valid = accept & valid
         t_save = self.ts[jnp.minimum(index, self.ts.shape[0] - 1)]
         # A zero-length step (a lane that finished, stepped in lockstep under vmap) must not
@@ -180,8 +250,9 @@ class IntegrationLoop(eqx.Module):
         h = t1 - state.t
         theta = (t_save - state.t) / jnp.where(h > 0, h, 1)
         values = jax.tree.map(
-            lambda c, y: jnp.where(_rows(t_save == t1, y), y, polynomial(c, theta)), dense, y1
-        )
+            lambda c, y: jnp.where(_rows(t_save == t_reached, y), y, polynomial(c, theta)),
+            dense, y_reached,
+        )  # fmt: skip
         index = jnp.where(valid, index, self.ts.shape[0])
         return state.save_index + jnp.sum(valid, dtype=jnp.int32), Rows(index, values)
 
@@ -204,6 +275,7 @@ class IntegrationLoop(eqx.Module):
             controller_state=controller_state,
             counts=LoopState.increments(save_index=saved),
             status=Status.where(all_finite(y0), status, Status.nonfinite_y0),
+            events=None if self.events is None else EventState.make(len(self.events.events)),
         )
         return state, 1 + evals
 
@@ -229,6 +301,22 @@ class IntegrationLoop(eqx.Module):
             coeffs = lambda c, y: jnp.zeros((n, *c.shape), c.dtype).at[0, 0].set(y)
             dense = TimedRows(_filled(n, t0), jax.tree.map(coeffs, shapes, y0))
         return Outputs(ts, steps, dense)
+
+
+class Reached(eqx.Module):
+    """Where an accepted step ends: its end time `t` and state `y` (the step's own, or an
+    event's), and the continuous extension over the part of the step up to `t`."""
+
+    t: Scalar
+    y: Y
+    dense: Y
+
+    def at_event(self, crossing: Crossing, accept: Array) -> "Reached":
+        """Ended at `crossing` instead, if it is found and the step `accept`ed."""
+        fired = accept & crossing.found
+        pick = lambda a, b: jax.tree.map(lambda x, z: jnp.where(fired, x, z), a, b)
+        dense = pick(restrict(self.dense, crossing.theta), self.dense)
+        return Reached(jnp.where(fired, crossing.t, self.t), pick(crossing.y, self.y), dense)
 
 
 def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:

@@ -51,6 +51,36 @@ def next_stop(xp: ModuleType, ts, t_end, save_index, per_step: int):
     return xp.where(last < ts.shape[0], xp.minimum(save_stop, t_end), t_end)
 
 
+def next_jump(xp: ModuleType, jump_ts, t, t_end):
+    """The first known discontinuity (sorted `jump_ts`) after `t` and before `t_end`, or
+    `inf`. A step lands on the last time before it (so that no stage of the step sees the
+    far side), and the next starts at the first time after it, with the stepper and the
+    controller restarted (as diffrax does)."""
+    index = xp.searchsorted(jump_ts, t, side="right")
+    jump = jump_ts[xp.minimum(index, jump_ts.shape[0] - 1)]
+    return xp.where((index < jump_ts.shape[0]) & (jump < t_end), jump, xp.inf)
+
+
+def before(xp: ModuleType, t):
+    """The largest floating-point number below `t` (with the derivative of `t` in JAX)."""
+    return _moved(xp, t, -xp.inf)
+
+
+def after(xp: ModuleType, t):
+    """The smallest floating-point number above `t` (with the derivative of `t` in JAX)."""
+    return _moved(xp, t, xp.inf)
+
+
+def _moved(xp: ModuleType, t, towards):
+    if xp is np:
+        return np.nextafter(t, np.asarray(towards, t.dtype))
+    import jax  # the NumPy replay imports no JAX
+
+    fixed = jax.lax.stop_gradient(t)
+    moved = t + (xp.nextafter(fixed, xp.asarray(towards, t.dtype)) - fixed)
+    return xp.where(xp.isfinite(fixed), moved, t)  # no jump left: `inf` stays `inf`
+
+
 def lands(xp: ModuleType, t, step_end, stop):
     """Whether a step from `t` to `step_end` lands on `stop`: it reaches it, or stops within
     rounding of it (no sliver step is left)."""
@@ -67,22 +97,35 @@ def saves_in_step(xp: ModuleType, ts, save_index, t1, rows: int):
 
 
 def constant_step_count(
-    t0: float, t1: float, dt0: float, ts: np.ndarray | None, per_step: int, dtype, max_steps: int
+    t0: float,
+    t1: float,
+    dt0: float,
+    ts: np.ndarray | None,
+    per_step: int,
+    dtype,
+    max_steps: int,
+    jump_ts: np.ndarray | None = None,
 ) -> int | None:
-    """The steps a constant-step solve from `t0` to `t1` takes (with save times `ts`), in
-    `dtype`; `None` past `max_steps`."""
+    """The steps a constant-step solve from `t0` to `t1` takes (with save times `ts` and known
+    discontinuities `jump_ts`), in `dtype`; `None` past `max_steps`."""
     direction = 1 if t1 >= t0 else -1
     tau, end, dt = (np.asarray(x, dtype) for x in (direction * t0, direction * t1, abs(dt0)))
     saves = None
     if ts is not None:
         saves, _ = distinct_save_times(np, np.asarray(direction * np.asarray(ts), dtype))
     save_index = 0 if saves is None else int(np.sum(saves <= tau))
+    jumps = None if jump_ts is None else np.sort(np.asarray(direction * jump_ts, dtype))
     for count in range(max_steps + 1):
         if not tau < end:
             return count
         stop = next_stop(np, saves, end, save_index, per_step)
+        jump = None if jumps is None else np.asarray(next_jump(np, jumps, tau, end), dtype)
+        if jump is not None:
+            stop = np.minimum(stop, before(np, jump))
         step_end = tau + dt
         tau = stop if lands(np, tau, step_end, stop) else step_end
+        if jump is not None and tau == before(np, jump):
+            tau = after(np, jump)
         if saves is not None:
             rows = min(saves.shape[0], per_step)
             save_index += int(np.sum(saves_in_step(np, saves, save_index, tau, rows)[1]))

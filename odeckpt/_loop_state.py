@@ -6,6 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from ._events import EventState
 from ._status import Status
 from ._types import Scalar, Y
 
@@ -47,6 +48,8 @@ class LoopState(eqx.Module):
     """The integer bookkeeping, read through the counters below: one vector, which XLA
     updates with one kernel per step instead of one per counter."""
     status: Status
+    events: EventState | None = None
+    """What the loop carries for its events (`None` when the solve has none)."""
 
     save_index = _Counter("How many (distinct) save times have been written.")
     num_steps = _Counter("Steps attempted.")
@@ -69,7 +72,7 @@ class LoopState(eqx.Module):
 class StepRecord(eqx.Module):
     """The discrete decisions of one attempted step (see `IntegrationLoop.step`). The
     checkpointing engine keeps `max_steps` of them, so the verdict and the clipping share one
-    byte: bits 0-1 the verdict, bit 2 `clipped`."""
+    byte: bits 0-1 the verdict, bit 2 `clipped`, bit 3 whether an event fired in it."""
 
     rejected: ClassVar[int] = 0
     accepted: ClassVar[int] = 1
@@ -77,15 +80,20 @@ class StepRecord(eqx.Module):
     nonfinite: ClassVar[int] = 3
 
     code: Array
-    """`uint8`: `verdict + 4 * clipped`."""
+    """`uint8`: `verdict + 4 * clipped + 8 * event`."""
     next_dt: Scalar
     """The step size proposed for the next step. Step sizes are not differentiated, and an
     error estimate at its rounding-noise floor can propose visibly different ones when the
     recomputation rounds differently."""
 
     @classmethod
-    def make(cls, verdict: Array, clipped: Array, next_dt: Scalar) -> "StepRecord":
-        return cls(verdict.astype(jnp.uint8) + 4 * clipped.astype(jnp.uint8), next_dt)
+    def make(
+        cls, verdict: Array, clipped: Array, next_dt: Scalar, event: Array | None = None
+    ) -> "StepRecord":
+        code = verdict.astype(jnp.uint8) + 4 * clipped.astype(jnp.uint8)
+        if event is not None:
+            code = code + 8 * event.astype(jnp.uint8)
+        return cls(code, next_dt)
 
     @property
     def verdict(self) -> Array:
@@ -98,6 +106,11 @@ class StepRecord(eqx.Module):
     def clipped(self) -> Array:
         """Whether the step was shortened to land on the end of the span or a save time."""
         return (self.code & 4) != 0
+
+    @property
+    def event(self) -> Array:
+        """Whether an event fired in the step (it then ends at the event)."""
+        return (self.code & 8) != 0
 
 
 def failure_status(verdict: Array) -> Status:

@@ -36,32 +36,32 @@ def raise_if_failed(status: Status, tree):
 
 
 @jax.custom_jvp
-def _nan_tangents_if(failed: BoolScalar, x: jax.Array) -> jax.Array:
-    del failed
+def _nan_tangents_if(failed: BoolScalar, x: jax.Array, inputs: list) -> jax.Array:
+    del failed, inputs
     return x
 
 
 @_nan_tangents_if.defjvp
 def _nan_tangents_if_jvp(primals, tangents):
-    failed, x = primals
-    _, dx = tangents
-    # Linear in `dx`, so reverse mode transposes it: a NaN cotangent for a failed solve.
+    failed, x, _ = primals
+    _, dx, d_inputs = tangents
+    # Linear in the tangents, so reverse mode transposes it: a NaN cotangent for a failed solve.
     scale = jnp.where(failed, jnp.nan, 1).astype(dx.dtype)
-    return x, dx * scale
+    dx = dx * scale
+    if d_inputs:
+        # An output that does not depend on the inputs in the discrete solve (the time where a
+        # failed solve stopped) still gets NaN derivatives in them: a NaN times their tangents.
+        poison = jnp.where(failed, jnp.nan, 0).astype(jnp.finfo(dx.dtype).dtype)
+        total = sum(jnp.sum(jnp.real(d)) for d in d_inputs)
+        dx = dx + (poison * total).astype(dx.dtype)
+    return x, dx
 
 
 def nan_derivatives_if(failed: BoolScalar, tree, inputs=None):
     """`tree` unchanged, with every derivative through its inexact leaves NaN where `failed`
-    (per lane under `vmap`; exact elsewhere): also with respect to the inexact leaves of
-    `inputs`, on which `tree` may not depend at all (a solve that fails at its first step
-    returns `y0`, whatever `args`), through a term that is zero, with derivative zero."""
-    if inputs is not None:
-        finite_zeros = lambda x: jnp.sum(jnp.real(jnp.where(jnp.isfinite(x), 0 * x, 0)))
-        terms = [finite_zeros(x) for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
-        zero = sum(terms, jnp.zeros(()))
-        tree = jax.tree.map(
-            lambda x: x + zero.astype(x.dtype) if eqx.is_inexact_array(x) else x, tree
-        )
+    (per lane under `vmap`; exact elsewhere), also in the inexact leaves of `inputs` (the
+    solve's inputs) where the discrete solve does not depend on them."""
+    leaves = [x for x in jax.tree.leaves(inputs) if eqx.is_inexact_array(x)]
     return jax.tree.map(
-        lambda x: _nan_tangents_if(failed, x) if eqx.is_inexact_array(x) else x, tree
+        lambda x: _nan_tangents_if(failed, x, leaves) if eqx.is_inexact_array(x) else x, tree
     )

@@ -62,6 +62,10 @@ class Solution(eqx.Module):
     - `stats`: a `Stats` of counters.
     - `status`: a `Status`; `Status.successful` unless the solve stopped early (`throw=False`).
     - `t0`, `t1`: the time span.
+    - `dense`: the continuous extension (`SaveAt(dense=True)`), read through `evaluate`.
+    - `event`: with `solve(..., event=...)`, the index of the terminal event that ended the
+        solve (into the tuple of events; `0` for a single one), or `-1` if none did; `None`
+        without events.
 
     **Example:**
 
@@ -78,6 +82,7 @@ class Solution(eqx.Module):
     t0: Scalar
     t1: Scalar
     dense: DenseOutput | None
+    event: IntScalar | None = None
 
     def evaluate(self, t: Float[ArrayLike, "..."]) -> Y:
         """The continuous solution at time(s) `t` (needs `SaveAt(dense=True)`).

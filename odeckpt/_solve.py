@@ -9,6 +9,7 @@ from . import _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._dense import DenseOutput
+from ._events import Event, EventSet
 from ._integrate import IntegrationLoop, vector_field_in_internal_time
 from ._landing import constant_step_count, saves_per_step
 from ._loop_state import LoopState
@@ -38,6 +39,8 @@ def solve(
     max_steps: int = 4096,
     throw: bool = True,
     progress: bool = False,
+    event: Event | tuple[Event, ...] | None = None,
+    jump_ts: jax.Array | np.ndarray | None = None,
 ) -> Solution:
     """Solve the initial value problem `dy/dt = f(t, y, args)`, `y(t0) = y0`, over `t_span`.
 
@@ -59,11 +62,15 @@ def solve(
     - `throw`: raise if the solve fails at run time; with `False`, inspect `sol.status`.
     - `progress`: show a tqdm progress bar (works under `jit` and `vmap`; costs a host callback
         per step).
+    - `event`: an `odeckpt.Event` or a tuple of them: stop at, or jump at, a sign change of
+        `fn(t, y, args)` (see `Event`); `sol.event` says which terminal event ended the solve.
+    - `jump_ts`: known discontinuities of `f` in time (dosing times, piecewise forcing): the
+        steps land exactly on each and the stepper and controller restart there.
 
     **Returns:**
 
-    A `Solution` with `ts`, `ys`, `stats`, `status` and, with `SaveAt(dense=True)`,
-    `evaluate(t)`.
+    A `Solution` with `ts`, `ys`, `stats`, `status`, `event` (with events) and, with
+    `SaveAt(dense=True)`, `evaluate(t)`.
 
     **Example:**
 
@@ -92,6 +99,11 @@ def solve(
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
     validate.check_finite(y0)
+    events = validate.events(event)
+    if events is not None:
+        validate.check_events(events, t0, y0, args)
+        adjoint.check_events(events)
+    jumps = validate.jump_times(jump_ts, t0.dtype)
     t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
     ts = (
         None if saveat.ts is None else validate.check_save_times(saveat.ts.astype(t0.dtype), t0, t1)
@@ -102,16 +114,20 @@ def solve(
     )
     num_steps = None
     dt_value, ts_value = validate.concrete(dt0), None if ts is None else validate.concrete(ts)
+    jumps_value = None if jumps is None else validate.concrete(jumps)
     known = direction is not None and dt_value is not None and (ts is None or ts_value is not None)
-    if isinstance(controller, ConstantStep) and known:
+    known = known and (jumps is None or jumps_value is not None)
+    # A terminal event or a jump changes the steps: their number is not known before the solve.
+    if isinstance(controller, ConstantStep) and known and events is None:
         per_step = saves_per_step(stepper)
         num_steps = constant_step_count(
-            t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps
+            t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps, jumps_value
         )
     options = _Options(
-        stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps
-    )
-    return _solve(f, y0, t0, t1, ts, args, options)
+        stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps,
+        events,
+    )  # fmt: skip
+    return _solve(f, y0, t0, t1, ts, args, options, jumps)
 
 
 class _Options(eqx.Module):
@@ -128,10 +144,11 @@ class _Options(eqx.Module):
     progress: bool = eqx.field(static=True)
     direction: float | None = eqx.field(static=True)
     num_steps: int | None = eqx.field(static=True)
+    events: tuple[Event, ...] | None = None
 
 
 @eqx.filter_jit
-def _solve(f, y0, t0, t1, ts, args, options: _Options):
+def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     stepper, adjoint, controller, saveat = (
         options.stepper,
         options.adjoint,
@@ -155,6 +172,8 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         progress=ProgressMeter(tau0, tau_end, ProgressBar()) if options.progress else None,
         num_steps=options.num_steps,
         throw=options.throw,
+        events=None if options.events is None else EventSet(options.events, direction),
+        jump_ts=None if jump_ts is None else jnp.sort(direction * jump_ts),
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     init, init_evals = loop.init_state(tau0, y0, dt)
@@ -162,7 +181,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
     state = result.state
     status = loop.final_status(state)
     collected = _collect(saveat, direction, t0, y0, ts, save_times, state, result.outputs)
-    inputs = (y0, t0, t1, ts, args)
+    inputs = (f, y0, t0, t1, ts, args)
     outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
         outputs = raise_if_failed(status, outputs)
@@ -177,7 +196,10 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options):
         num_checkpoints=result.stats.num_checkpoints,
         num_recomputed_steps=result.stats.num_recomputed_steps,
     )
-    return Solution(ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense)
+    event = None if state.events is None else state.events.event
+    return Solution(
+        ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense, event=event
+    )
 
 
 def _collect(

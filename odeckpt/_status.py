@@ -51,3 +51,14 @@ class Status(eqx.Enumeration):
         "negative values (a solution that crosses the edge of the field's domain) or overflow "
         "(a solution that blows up); with `ConstantStep`, reduce `dt0`."
     )
+    max_jumps_reached = (
+        "An event with `update=` fired more often than its `max_jumps` allows (a Zeno "
+        "system jumps ever more often, e.g. a bouncing ball coming to rest). Fix: raise "
+        "`Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the solve "
+        "before the jumps accumulate."
+    )
+    nonfinite_event = (
+        "An event's fn returned NaN or inf, so whether it fired cannot be told. Fix: check "
+        "the event function (and `args`) for divisions by zero, square roots or logarithms of "
+        "negative values along the solution."
+    )

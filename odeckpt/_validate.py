@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._events import Event
 from ._types import Args, Scalar, VectorField, Y
 
 
@@ -207,3 +208,80 @@ def check_save_times(ts, t0: Scalar, t1: Scalar):
     inside = (ts >= jnp.minimum(t0, t1)) & (ts <= jnp.maximum(t0, t1))
     bad = jnp.any(jnp.diff(ts) * direction < 0) | ~jnp.all(inside)
     return eqx.error_if(ts, bad, message)
+
+
+def events(event) -> tuple | None:
+    """`event` (an `Event`, a sequence of them, or `None`) as a tuple of `Event`s, or `None`."""
+    if event is None:
+        return None
+    items = tuple(event) if isinstance(event, list | tuple) else (event,)
+    for item in items:
+        if not isinstance(item, Event):
+            raise TypeError(
+                f"event={item!r} is not an event. Fix: pass `odeckpt.Event(fn)` or a tuple of "
+                "them, e.g. `event=odeckpt.Event(lambda t, y, args: y[0])`."
+            )
+    if not items:
+        return None
+    return items
+
+
+def check_events(events: tuple, t0: Scalar, y0: Y, args: Args) -> None:
+    """Raise unless every event's `fn(t, y, args)` returns a real floating scalar and its
+    `update(t, y, args)` the structure, shapes and dtypes of `y0`."""
+    for i, event in enumerate(events):
+        name = "event" if len(events) == 1 else f"event[{i}]"
+        out = eqx.filter_eval_shape(event.fn, t0, y0, args)
+        fix = (
+            "Fix: return a real number whose sign changes at the event, e.g. "
+            "`y[0] - threshold` (not `y[0] > threshold`)"
+        )
+        if not isinstance(out, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"{name}.fn(t, y, args) returned {type(out).__name__}, not one scalar. {fix}."
+            )
+        if out.shape != ():
+            raise ValueError(
+                f"{name}.fn(t, y, args) returned shape {out.shape}; it must be a scalar. {fix}; "
+                "for several conditions pass several events, `event=(Event(f1), Event(f2))`."
+            )
+        if not jnp.issubdtype(out.dtype, jnp.floating):
+            raise TypeError(
+                f"{name}.fn(t, y, args) returned dtype {out.dtype}; it must be a real floating "
+                f"scalar. {fix}, as a float (`jnp.real(z)` of a complex value)."
+            )
+        if event.update is not None:
+            _check_update(name, event.update, t0, y0, args)
+
+
+def _check_update(name: str, update, t0: Scalar, y0: Y, args: Args) -> None:
+    out = eqx.filter_eval_shape(update, t0, y0, args)
+    expected = jax.eval_shape(lambda: y0)
+    fix = (
+        "Fix: return the new state with exactly the structure, shapes and dtypes of y, e.g. "
+        "`y.at[1].set(-e * y[1])`."
+    )
+    if jax.tree.structure(out) != jax.tree.structure(expected):
+        raise ValueError(
+            f"{name}.update(t, y, args) returned the structure {jax.tree.structure(out)}, but "
+            f"the state has {jax.tree.structure(expected)}. {fix}"
+        )
+    for o, e in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
+        if o.shape != e.shape or o.dtype != e.dtype:
+            raise ValueError(
+                f"{name}.update(t, y, args) returned {o.dtype}{list(o.shape)} for a state leaf "
+                f"of {e.dtype}{list(e.shape)}. {fix}"
+            )
+
+
+def jump_times(jump_ts, dtype):
+    """`jump_ts` (known discontinuities) as a 1-D array of `dtype`, or `None`."""
+    if jump_ts is None:
+        return None
+    values = _real_number("jump_ts", jump_ts, dtype, "jnp.array([1.0, 2.0])")
+    if values.ndim != 1 or values.shape[0] == 0:
+        raise ValueError(
+            f"jump_ts must be a non-empty 1-D array of times, got shape {values.shape}. Fix: "
+            "pass e.g. `jump_ts=jnp.array([1.0, 2.0])`."
+        )
+    return _finite("jump_ts", values)

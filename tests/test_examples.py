@@ -18,7 +18,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-NOTEBOOKS = ["deep_residual", "gray_scott", "neural_ode_spiral", "robertson_fit", "scan_memory"]
+NOTEBOOKS = [
+    "bouncing_ball_fit", "deep_residual", "gray_scott", "neural_ode_spiral", "robertson_fit",
+    "scan_memory",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -83,6 +86,14 @@ def test_neural_ode_spiral(tmp_path):
     result = json.loads((folder / "result.json").read_text())
     assert result["final_loss"] < result["initial_loss"]
     assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
+
+
+def test_bouncing_ball_fit(tmp_path):
+    folder = run_example("bouncing_ball_fit", tmp_path)
+    plots_written(folder, ["fit.png"])
+    result = json.loads((folder / "result.json").read_text())
+    assert result["solved_bounce_time_error"] < 1e-9
+    assert result["final_loss"] < result["initial_loss"]
 
 
 @pytest.mark.slow

@@ -344,3 +344,76 @@ def test_zero_length_spans_inside_a_batch(adjoint, solver):
     np.testing.assert_allclose(d_t1, 2 * -k * y0 * decay, rtol=1e-7)
     np.testing.assert_allclose(d_y0, 2 * decay, rtol=1e-7)
     np.testing.assert_allclose(d_k, 2 * -span * y0 * decay, rtol=1e-7, atol=1e-12)
+
+
+def _event_lane(adjoint: str):
+    """`(ok, t*, d t*/d(y0, k))` per lane for `y' = -k y` stopped where `y` falls to 0.5
+    (`t* = log(2 y0) / k`), with faults in `f` after `t_fault`, in `k`, in `y0`, and in the
+    event function after `t_event`."""
+
+    def hit(y0, k, t_fault, t_event):
+        field = lambda t, y, p: jnp.where(t > p[1], jnp.nan, -p[0] * y)
+        event = odeckpt.Event(lambda t, y, p: jnp.where(t > p[2], jnp.nan, y[0] - 0.5))
+        sol = odeckpt.solve(field, jnp.stack([y0]), (0.0, 2.0), (k, t_fault, t_event),
+                            event=event, adjoint=adjoint, throw=False, rtol=1e-10,
+                            atol=1e-10)  # fmt: skip
+        return sol.ts[-1], sol
+
+    def lane(y0, k, t_fault, t_event):
+        derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+        d = derivative(lambda *a: hit(*a)[0], argnums=(0, 1))(y0, k, t_fault, t_event)
+        t, sol = hit(y0, k, t_fault, t_event)
+        return sol.status == odeckpt.Status.successful, t, jnp.stack(d)
+
+    return jax.jit(jax.vmap(lane))
+
+
+@pytest.mark.parametrize("adjoint", ADJOINTS)
+def test_events_fail_loudly_per_lane(adjoint):
+    nan = np.nan
+    y0 = np.array([nan, 1.0, 1.0, 1.0, 1.0])
+    k = np.array([1.0, nan, 1.0, 1.0, 1.3])
+    t_fault = np.array([9.0, 9.0, 0.2, 9.0, 9.0])  # the event is at t = 0.69 (k = 1)
+    t_event = np.array([9.0, 9.0, 9.0, 0.2, 9.0])
+    ok, t, d = (np.asarray(x) for x in _event_lane(adjoint)(y0, k, t_fault, t_event))
+    np.testing.assert_array_equal(ok, [False, False, False, False, True])
+    assert np.all(np.isnan(d[:4]))
+    exact = np.log(2.0) / 1.3
+    np.testing.assert_allclose(t[-1], exact, rtol=1e-9)
+    np.testing.assert_allclose(d[-1], [1 / 1.3, -exact / 1.3], rtol=1e-7)
+    status = odeckpt.solve(
+        lambda t, y, a: -y, jnp.ones(1), (0.0, 1.0), throw=False,
+        event=odeckpt.Event(lambda t, y, a: jnp.where(t > 0.2, jnp.nan, y[0] - 0.1)),
+    ).status  # fmt: skip
+    assert status == odeckpt.Status.nonfinite_event
+
+
+@pytest.mark.parametrize("adjoint", ADJOINTS)
+def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
+    """A zero-length span returns y0 with no event; save times at t0 and t1 with a terminal
+    event before t1: y0 at t0, `inf` at the unreached t1, and the event's point last."""
+    event = odeckpt.Event(lambda t, y, a: y[0] - 0.5)
+
+    def solve(t1):
+        return odeckpt.solve(
+            lambda t, y, a: -y, jnp.ones(1), (0.0, t1), event=event, adjoint=adjoint,
+            saveat=odeckpt.SaveAt(ts=jnp.stack([0.0, t1]), t1=True), rtol=1e-10, atol=1e-10,
+        )  # fmt: skip
+
+    empty = solve(0.0)
+    assert int(empty.event) == -1 and int(empty.stats.num_steps) == 0
+    np.testing.assert_array_equal(empty.ys[:, 0], [1.0, 1.0, 1.0])
+    sol = solve(2.0)
+    np.testing.assert_allclose(sol.ys[:, 0], [1.0, np.inf, 0.5], rtol=1e-9)
+    np.testing.assert_allclose(sol.ts[-1], np.log(2.0), rtol=1e-9)
+    derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+    np.testing.assert_allclose(derivative(lambda t1: solve(t1).ts[-1])(2.0), 0.0, atol=1e-12)
+
+
+def test_events_on_a_complex_state():
+    """`y' = i y` from 1: `Re y = cos t` falls through 0 at pi / 2."""
+    event = odeckpt.Event(lambda t, y, a: jnp.real(y[0]))
+    sol = odeckpt.solve(lambda t, y, a: 1j * y, jnp.ones(1, complex), (0.0, 3.0), event=event,
+                        rtol=1e-10, atol=1e-10)  # fmt: skip
+    np.testing.assert_allclose(sol.ts[-1], np.pi / 2, rtol=1e-9)
+    np.testing.assert_allclose(sol.ys[-1], [1j], atol=1e-9)

@@ -57,6 +57,11 @@ class AbstractAdjoint(eqx.Module):
         """Run `loop` from `state` until `loop.cond` is false or `loop.max_steps` steps have been
         taken, writing into `outputs`."""
 
+    def check_events(self, events: tuple) -> None:
+        """Raise (naming the fix) if this adjoint cannot differentiate a solve with `events`
+        (`odeckpt.Event`s); every adjoint that differentiates the discrete solve can."""
+        del events
+
 
 class AbstractWatch(eqx.Module):
     """Something the plain runner keeps up to date as the loop steps (stored states, a window of

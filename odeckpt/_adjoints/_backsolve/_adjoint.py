@@ -4,9 +4,11 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from ..._controllers import AbstractController, PIDController
+from ..._events import EventSet
 from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
@@ -116,12 +118,22 @@ class BacksolveAdjoint(AbstractAdjoint):
             )
         _check_callback(self.on_backward)
 
+    def check_events(self, events):
+        if any(e.update is not None for e in events):
+            raise ValueError(
+                "BacksolveAdjoint supports terminal events only, not events with `update=` "
+                "(a jump needs the state before it, which the backward solve does not keep). "
+                "Fix: use adjoint='recursive' (the default), 'direct' or 'forward'."
+            )
+
     def run(self, loop, state, outputs):
         setup = self.setup(loop)
         # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
         # boundary (and get gradients like `args`).
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat))
+        loop = dataclasses.replace(
+            loop, f=f, saveat=_flags_only(loop.saveat), events=_events(loop, state)
+        )
         checkpoints = None if self.checkpoints is None else int(self.checkpoints)
         final, outputs = backsolve(BacksolveInputs(loop, state, outputs), setup, checkpoints)
         num_checkpoints = jnp.asarray(checkpoints or 0, jnp.int32)
@@ -193,3 +205,22 @@ def _check_callback(on_backward) -> None:
 def _flags_only(saveat: SaveAt) -> SaveAt:
     """`saveat` without its `ts` array: the loop reads `loop.ts`, and only the flags here."""
     return SaveAt(t1=True, steps=saveat.steps, dense=saveat.dense)
+
+
+def _events(loop: IntegrationLoop, state) -> EventSet | None:
+    """The loop's events with their functions closure-converted (so that they may cross the
+    custom_vjp boundary), raising if one closes over arrays: the backward solve differentiates
+    an event's `fn` through `args` only."""
+    if loop.events is None:
+        return None
+    events = []
+    for event in loop.events.events:
+        fn = eqx.filter_closure_convert(event.fn, state.t, state.y, loop.args)
+        if any(eqx.is_inexact_array(x) for x in jax.tree.leaves(fn)):
+            raise ValueError(
+                "BacksolveAdjoint: an Event's fn closes over arrays, whose gradients the "
+                "backward solve cannot reach. Fix: pass them through `args` "
+                "(`fn(t, y, args)`), or use adjoint='recursive'."
+            )
+        events.append(dataclasses.replace(event, fn=fn))
+    return dataclasses.replace(loop.events, events=tuple(events))

@@ -129,16 +129,20 @@ def _reverse(
     stops = Stops.make([*kinds, *([dense] if dense is not None else [])], init.t)
     backward = Backward(setup, loop, init, final, problem, diff, stops)
     g = jax.tree.map(jnp.zeros_like, diff)
+    a = ct_final.y
+    ct_t_end = _ct_t_end(problem, diff, final, ct_final)
+    if loop.events is not None:
+        a, g, ct_t_end = _terminal_event(loop, problem, diff, final, ct_final, ct_t_end)
     if setup.reconstruct_forward:
-        (a, g), stats = solve_with_forward_states(backward, stored, (ct_final.y, g))
+        (a, g), stats = solve_with_forward_states(backward, stored, (a, g))
     else:
-        (a, g), stats = solve_backwards(backward, (final.y, ct_final.y, g))
+        (a, g), stats = solve_backwards(backward, (final.y, a, g))
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
     a, g = _checked(loop, final, stats, (a, g))
     g_f, g_args = g
     grad_loop = dataclasses.replace(
-        empty(loop), f=g_f, args=g_args, t_end=_ct_t_end(problem, diff, final, ct_final),
+        empty(loop), f=g_f, args=g_args, t_end=ct_t_end,
         ts=_ct_ts(loop, problem, diff, outputs, ct_outputs),
     )  # fmt: skip
     ct_t0 = -pair(a, problem.f(init.t, init.y, diff)).astype(init.t.dtype)
@@ -155,6 +159,35 @@ def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g)
         a_g = eqx.error_if(a_g, forward_ok & ~stats.succeeded, _BACKWARD_FAILED)
     failed = ~(forward_ok & stats.succeeded)
     return jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), a_g)
+
+
+def _terminal_event(
+    loop: IntegrationLoop, problem: Problem, diff, final: LoopState, ct_final, ct_t_end
+):
+    """The adjoint and parameter integral at a terminal event's time `t*`, and the cotangent
+    of `t1` (zero: the event ended the solve before it).
+
+    `t*` solves `g(t*, y(t*), args) = 0`, so moving `y(t*)` or the parameters moves `t*` by
+    `-(dg) / g'` with `g' = dg/dt + <dg/dy, f>` (the implicit function theorem); the loss sees
+    `t*` through its own cotangent and through `y(t*)` moving along `f`, together `c_t`. Hence
+    `a(t*) = dL/dy - (c_t / g') dg/dy` and the parameters gain `-(c_t / g') dg/dparams`
+    (Chen, Amos & Nickel, ICLR 2021)."""
+    fired = final.events.event >= 0
+    index = jnp.maximum(final.events.event, 0)
+    rate = problem.f(final.t, final.y, diff)
+    c_t = ct_final.t + pair(ct_final.y, rate).astype(final.t.dtype)
+
+    def value(t, y, d):
+        _, args = eqx.combine(d, problem.nondiff)
+        return loop.events.values(t, y, args)[index]
+
+    _, vjp = jax.vjp(value, final.t, final.y, diff)
+    g_t, g_y, g_d = vjp(jnp.ones((), final.t.dtype))
+    slope = g_t + pair(g_y, rate).astype(final.t.dtype)
+    weight = jnp.where(fired, -c_t / jnp.where(fired, slope, 1), 0)
+    scaled = lambda tree: jax.tree.map(lambda x: (weight * x).astype(x.dtype), tree)
+    a = jax.tree.map(jnp.add, ct_final.y, scaled(g_y))
+    return a, scaled(g_d), jnp.where(fired, 0, ct_t_end)
 
 
 def _ct_t_end(problem: Problem, diff, final: LoopState, ct_final):

@@ -1,0 +1,322 @@
+"""Events: located crossings against closed forms and scipy, their derivatives for every
+adjoint, jumps (a bouncing ball), known discontinuities, per-lane events under `vmap`, two
+crossings in one step, what a solve without events costs, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.integrate
+
+import odeckpt
+
+G = 9.81
+REVERSE = ("direct", "recursive", "backsolve")
+
+
+def fall(t, y, args):
+    """Free fall: height and velocity, with `args = (h0, g)` (only `g` enters)."""
+    return jnp.stack([y[1], -args[1] * jnp.ones_like(y[1])])
+
+
+FLOOR = odeckpt.Event(lambda t, y, args: y[0], direction=-1)
+
+
+def _floor_hit(h, g, adjoint):
+    sol = odeckpt.solve(fall, jnp.stack([h, 0.0 * h]), (0.0, 10.0), args=(h, g), event=FLOOR,
+                        adjoint=adjoint)  # fmt: skip
+    return sol.ts[-1], sol.ys[-1, 1]
+
+
+def test_free_fall_stops_at_the_floor():
+    sol = odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 10.0), args=(1.0, G), event=FLOOR)
+    assert sol.status == odeckpt.Status.successful
+    assert int(sol.event) == 0
+    assert sol.ts.shape == (1,)
+    np.testing.assert_allclose(sol.ts[-1], np.sqrt(2 / G), rtol=1e-13)
+    np.testing.assert_allclose(sol.ys[-1], [0.0, -np.sqrt(2 * G)], atol=1e-13)
+    # The reported point is the last one before the sign changes.
+    assert sol.ys[-1, 0] >= 0
+
+
+@pytest.mark.parametrize("adjoint", [*REVERSE, "forward"])
+def test_free_fall_derivatives_in_closed_form(adjoint):
+    # t* = sqrt(2h/g) and v* = -sqrt(2gh); Tsit5 and its interpolant are exact on quadratics.
+    h, g = 1.3, G
+    exact = {
+        "t": (1 / np.sqrt(2 * h * g), -0.5 * np.sqrt(2 * h) * g**-1.5),
+        "v": (-np.sqrt(g / (2 * h)), -np.sqrt(h / (2 * g))),
+    }
+    for which, index in (("t", 0), ("v", 1)):
+        fn = lambda h, g, i=index: _floor_hit(h, g, adjoint)[i]
+        if adjoint == "forward":
+            got = jax.jacfwd(fn, argnums=(0, 1))(h, g)
+        else:
+            got = jax.grad(fn, argnums=(0, 1))(h, g)
+        np.testing.assert_allclose(got, exact[which], rtol=1e-9, err_msg=which)
+
+
+def lotka_volterra(t, y, args):
+    a, b, c, d = args
+    prey, predator = y[0], y[1]
+    return jnp.stack([a * prey - b * prey * predator, d * prey * predator - c * predator])
+
+
+def test_lotka_volterra_threshold_matches_scipy():
+    args, y0, threshold = (1.1, 0.4, 0.4, 0.1), np.array([10.0, 5.0]), 2.0
+    reference = scipy.integrate.solve_ivp(
+        lambda t, y: np.asarray(lotka_volterra(t, y, args)), (0.0, 30.0), y0,
+        method="DOP853", rtol=1e-13, atol=1e-13,
+        events=lambda t, y: y[0] - threshold,
+    )  # fmt: skip
+    falling = odeckpt.Event(lambda t, y, args: y[0] - threshold, direction=-1)
+    sol = odeckpt.solve(lotka_volterra, jnp.asarray(y0), (0.0, 30.0), args, event=falling,
+                        rtol=1e-12, atol=1e-12, max_steps=8192)  # fmt: skip
+    # scipy reports every crossing; the first (falling) one ends our solve.
+    first = reference.t_events[0][0]
+    assert int(sol.event) == 0
+    np.testing.assert_allclose(sol.ts[-1], first, rtol=1e-10)
+    np.testing.assert_allclose(sol.ys[-1], reference.y_events[0][0], rtol=1e-9)
+
+
+def _bounce(e: float) -> odeckpt.Event:
+    return odeckpt.Event(
+        lambda t, y, e: y[0], direction=-1, terminal=False,
+        update=lambda t, y, e: jnp.stack([y[0], -e * y[1]]),
+    )  # fmt: skip
+
+
+def _bounces(e, adjoint="recursive"):
+    ball = lambda t, y, e: jnp.stack([y[1], -G * jnp.ones_like(y[1])])
+    saveat = odeckpt.SaveAt(steps=True)
+    return odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 2.0), args=e, event=_bounce(e),
+                         adjoint=adjoint, saveat=saveat, max_steps=64)  # fmt: skip
+
+
+def _third_bounce(e: float) -> tuple[float, float]:
+    """The time of the third bounce of a ball dropped from 1 m, and its derivative in `e`."""
+    v1 = np.sqrt(2 * G)
+    t = np.sqrt(2 / G) + 2 * e * v1 / G + 2 * e**2 * v1 / G
+    return t, 2 * v1 / G + 4 * e * v1 / G
+
+
+@pytest.mark.parametrize("adjoint", ["direct", "recursive", "forward"])
+def test_bouncing_ball_third_bounce_and_its_derivative(adjoint):
+    e = 0.8
+    sol = _bounces(e, adjoint)
+    assert sol.status == odeckpt.Status.successful
+    assert int(sol.event) == -1
+    # The step ends at each bounce hold the state before the jump: height 0, falling.
+    bounces = np.flatnonzero(np.isfinite(sol.ts) & (np.abs(np.asarray(sol.ys[:, 0])) < 1e-12))
+    k = int(bounces[2])
+    t3, dt3 = _third_bounce(e)
+    np.testing.assert_allclose(sol.ts[k], t3, rtol=1e-12)
+    time = lambda e: _bounces(e, adjoint).ts[k]
+    derivative = jax.jacfwd(time)(e) if adjoint == "forward" else jax.grad(time)(e)
+    np.testing.assert_allclose(derivative, dt3, rtol=1e-9)
+
+
+def test_backsolve_refuses_jumps_at_call_time():
+    with pytest.raises(ValueError, match="terminal events only.*'recursive'"):
+        _bounces(0.8, "backsolve")
+
+
+def test_zeno_ball_ends_with_max_jumps_reached():
+    ball = lambda t, y, e: jnp.stack([y[1], -G * jnp.ones_like(y[1])])
+    event = odeckpt.Event(
+        lambda t, y, e: y[0], direction=-1, terminal=False, max_jumps=5,
+        update=lambda t, y, e: jnp.stack([y[0], -e * y[1]]),
+    )  # fmt: skip
+    sol = odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 10.0), args=0.5, event=event,
+                        throw=False)  # fmt: skip
+    assert sol.status == odeckpt.Status.max_jumps_reached
+    with pytest.raises(Exception, match="max_jumps"):
+        odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 10.0), args=0.5, event=event)
+
+
+def test_jump_ts_are_landed_on_exactly():
+    # Piecewise forcing: +1 before t = 0.5, -2 after. Exact: y(1) = 0.5 - 1 = -0.5.
+    forcing = lambda t, y, args: jnp.where(t < 0.5, 1.0, -2.0) * jnp.ones_like(y)
+    saveat = odeckpt.SaveAt(steps=True)
+    sol = odeckpt.solve(forcing, jnp.array([0.0]), (0.0, 1.0), jump_ts=jnp.array([0.5, 2.0]),
+                        saveat=saveat, max_steps=64)  # fmt: skip
+    ts = np.asarray(sol.ts)[np.isfinite(sol.ts)]
+    assert np.nextafter(0.5, 0) in ts  # the step before the jump ends at the last time before
+    np.testing.assert_allclose(sol.ys[np.isfinite(sol.ts)][-1], [-0.5], atol=1e-14)
+    assert int(sol.stats.num_rejected_steps) == 0
+    without = odeckpt.solve(forcing, jnp.array([0.0]), (0.0, 1.0), saveat=saveat, max_steps=64)
+    assert int(without.stats.num_rejected_steps) > 0
+
+
+def test_jump_ts_with_constant_steps_keep_the_offline_schedule():
+    forcing = lambda t, y, args: jnp.where(t < 0.25, 1.0, -2.0) * jnp.ones_like(y)
+
+    def final(y0):
+        sol = odeckpt.solve(forcing, y0, (0.0, 1.0), solver="rk4", dt0=0.1,
+                            jump_ts=jnp.array([0.25]), adjoint="recursive")  # fmt: skip
+        return sol.ys[-1, 0], sol.stats
+
+    (value, stats), grad = jax.value_and_grad(final, has_aux=True)(jnp.array([0.0]))
+    np.testing.assert_allclose(value, 0.25 - 1.5, atol=1e-13)
+    np.testing.assert_allclose(grad, [1.0])
+    assert int(stats.num_steps) == 11  # 0.1, 0.2, 0.25-, 0.35, ..., 0.95, 1.0
+
+
+def test_each_lane_finds_its_own_event_under_vmap():
+    def hit(h):
+        sol = odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G), event=FLOOR,
+                            max_steps=64)  # fmt: skip
+        return sol.ts[-1], sol.event
+
+    hs = jnp.array([0.5, 1.0, 2.0, 10.0])  # the last one does not reach the floor by t = 1
+    ts, events = jax.vmap(hit)(hs)
+    expected = np.minimum(np.sqrt(2 * np.asarray(hs) / G), 1.0)
+    np.testing.assert_allclose(ts, expected, rtol=1e-13)
+    np.testing.assert_array_equal(events, [0, 0, 0, -1])
+    grads = jax.vmap(jax.grad(lambda h: hit(h)[0]))(hs)
+    np.testing.assert_allclose(grads, [*(1 / np.sqrt(2 * np.asarray(hs[:3]) * G)), 0.0])
+
+
+@pytest.mark.parametrize("direction, expected", [(None, 0.3), (-1, 0.3), (1, 0.45)])
+def test_two_crossings_in_one_step(direction, expected):
+    # y = t; fn = (y - 0.3)(y - 0.45) is positive at both ends of the one step [0, 1].
+    event = odeckpt.Event(lambda t, y, args: (y[0] - 0.3) * (y[0] - 0.45), direction=direction)
+    sol = odeckpt.solve(lambda t, y, args: jnp.ones_like(y), jnp.array([0.0]), (0.0, 1.0),
+                        event=event, controller=odeckpt.ConstantStep(), dt0=1.0)  # fmt: skip
+    assert int(sol.stats.num_steps) == 1
+    np.testing.assert_allclose(sol.ts[-1], expected, rtol=1e-14)
+
+
+def test_two_events_the_earlier_fires():
+    events = (
+        odeckpt.Event(lambda t, y, args: y[0] - 0.7),
+        odeckpt.Event(lambda t, y, args: y[0] - 0.4),
+    )
+    sol = odeckpt.solve(lambda t, y, args: jnp.ones_like(y), jnp.array([0.0]), (0.0, 1.0),
+                        event=events, controller=odeckpt.ConstantStep(), dt0=1.0)  # fmt: skip
+    assert int(sol.event) == 1
+    np.testing.assert_allclose(sol.ts[-1], 0.4, rtol=1e-14)
+
+
+def test_backwards_in_time_direction_is_along_the_solve():
+    # y = t from t = 1 down to 0: y - 0.5 goes from positive to negative as the solve proceeds
+    # (a falling crossing, as scipy's solve_ivp counts it), though it rises with t.
+    flow = lambda t, y, args: jnp.ones_like(y)
+    rising = odeckpt.Event(lambda t, y, args: y[0] - 0.5, direction=1)
+    falling = odeckpt.Event(lambda t, y, args: y[0] - 0.5, direction=-1)
+    sol = odeckpt.solve(flow, jnp.array([1.0]), (1.0, 0.0), event=rising)
+    assert int(sol.event) == -1
+    sol = odeckpt.solve(flow, jnp.array([1.0]), (1.0, 0.0), event=falling)
+    np.testing.assert_allclose(sol.ts[-1], 0.5, rtol=1e-13)
+
+
+def test_zero_at_t0_does_not_fire():
+    # fn = y starts at 0 and rises: no event at t0; it fires when fn falls through 0 later.
+    event = odeckpt.Event(lambda t, y, args: y[0])
+    osc = lambda t, y, args: jnp.stack([y[1], -y[0]])
+    sol = odeckpt.solve(osc, jnp.array([0.0, 1.0]), (0.0, 10.0), event=event, rtol=1e-10)
+    np.testing.assert_allclose(sol.ts[-1], np.pi, rtol=1e-8)
+
+
+def test_save_times_after_a_terminal_event_are_not_reached():
+    ts = jnp.linspace(0.0, 1.0, 11)
+    sol = odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G), event=FLOOR,
+                        saveat=odeckpt.SaveAt(ts=ts, t1=True))  # fmt: skip
+    t_star = np.sqrt(2 / G)
+    reached = np.asarray(ts) <= t_star
+    np.testing.assert_allclose(sol.ys[:11][reached, 0], 1 - G * np.asarray(ts)[reached] ** 2 / 2)
+    assert np.all(np.isinf(np.asarray(sol.ys[:11])[~reached]))
+    np.testing.assert_allclose(sol.ts[-1], t_star, rtol=1e-13)
+
+
+def test_dense_output_ends_at_the_event():
+    sol = odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G), event=FLOOR,
+                        saveat=odeckpt.SaveAt(dense=True, t1=True))  # fmt: skip
+    t = jnp.linspace(0.0, sol.ts[-1], 7)
+    np.testing.assert_allclose(sol.evaluate(t)[:, 0], 1 - G * t**2 / 2, atol=1e-13)
+    with pytest.raises(ValueError, match="outside the solved span"):
+        sol.evaluate(0.5)
+
+
+def _while_loops(fn, *args) -> int:
+    return str(jax.make_jaxpr(fn)(*args)).count("while[")
+
+
+def test_no_event_costs_nothing():
+    y0 = jnp.array([1.0, 0.0])
+    never = odeckpt.Event(lambda t, y, args: y[0] + 100.0)
+    solve = lambda y0, event: odeckpt.solve(fall, y0, (0.0, 0.4), args=(1.0, G), event=event)
+    plain, with_event = solve(y0, None), solve(y0, never)
+    # An event that never fires leaves every step as it was.
+    assert int(plain.stats.num_steps) == int(with_event.stats.num_steps)
+    np.testing.assert_array_equal(plain.ys, with_event.ys)
+    # Without events the program holds no trace of them: only the root finders' loops differ
+    # (one per event), and the compiled program of a solve without events is the smaller.
+    loops = [_while_loops(lambda y, e=e: solve(y, e).ys, y0) for e in (None, never, (never,) * 2)]
+    assert loops[1] - loops[0] == 1 and loops[2] - loops[0] == 2
+    size = lambda e: len(jax.jit(lambda y: solve(y, e).ys).lower(y0).as_text())
+    assert size(None) < size(never)
+    assert plain.event is None
+
+
+def test_checkpointed_schedule_is_unchanged_by_events():
+    never = odeckpt.Event(lambda t, y, args: y[0] + 100.0)
+    adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=3)
+    solve = lambda event: odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 0.4), args=(1.0, G),
+                                        event=event, adjoint=adjoint)  # fmt: skip
+    a, b = solve(None).stats, solve(never).stats
+    assert int(a.num_checkpoints) == int(b.num_checkpoints)
+    assert int(a.num_recomputed_steps) == int(b.num_recomputed_steps)
+
+
+@pytest.mark.parametrize(
+    "fn, error, match",
+    [
+        (lambda t, y, args: y, ValueError, "must be a scalar"),
+        (lambda t, y, args: y[0] > 0, TypeError, "real floating"),
+        (lambda t, y, args: jnp.asarray(1, jnp.int32), TypeError, "real floating"),
+        (lambda t, y, args: y[0] + 0j, TypeError, "real floating"),
+        (lambda t, y, args: (y[0], y[1]), TypeError, "not one scalar"),
+    ],
+)
+def test_bad_event_functions_name_the_fix(fn, error, match):
+    with pytest.raises(error, match=match + ".*Fix"):
+        odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G),
+                      event=odeckpt.Event(fn))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda t, y, args: y[0],
+        lambda t, y, args: (y, y),
+        lambda t, y, args: y.astype(jnp.float32),
+    ],
+)
+def test_updates_that_change_the_state_name_the_fix(update):
+    event = odeckpt.Event(lambda t, y, args: y[0], terminal=False, update=update)
+    with pytest.raises(ValueError, match="update.*Fix"):
+        odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G), event=event)
+
+
+def test_event_configuration_errors():
+    with pytest.raises(ValueError, match="terminal=False"):
+        odeckpt.Event(lambda t, y, a: y[0], update=lambda t, y, a: y)
+    with pytest.raises(ValueError, match="would change nothing"):
+        odeckpt.Event(lambda t, y, a: y[0], terminal=False)
+    with pytest.raises(ValueError, match="direction"):
+        odeckpt.Event(lambda t, y, a: y[0], direction=2)
+    with pytest.raises(TypeError, match="not an event"):
+        odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G), event=len)
+    with pytest.raises(ValueError, match="jump_ts"):
+        odeckpt.solve(fall, jnp.array([1.0, 0.0]), (0.0, 1.0), args=(1.0, G),
+                      jump_ts=jnp.zeros((2, 2)))  # fmt: skip
+
+
+def test_backsolve_refuses_event_functions_closing_over_arrays():
+    level = jnp.asarray(0.2)
+    event = odeckpt.Event(lambda t, y, args: y[0] - level)
+    loss = lambda h: odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G),
+                                   event=event, adjoint="backsolve").ts[-1]  # fmt: skip
+    with pytest.raises(ValueError, match="closes over arrays.*args"):
+        jax.grad(loss)(1.0)
