@@ -197,3 +197,12 @@ def test_steppers_with_a_history_are_refused(solver):
             lambda t, y, k: -k * y, jnp.ones(2), (0.0, 1.0), 1.0, solver=solver,
             adjoint="forward_sensitivity",
         )  # fmt: skip
+
+
+def test_events_are_refused_with_the_fix():
+    event = odeckpt.Event(lambda t, y, args: y[0] - 0.5)
+    with pytest.raises(ValueError, match="does not support events"):
+        odeckpt.solve(
+            lambda t, y, k: -k * y, jnp.ones(2), (0.0, 1.0), 1.0, event=event,
+            adjoint="forward_sensitivity",
+        )  # fmt: skip

@@ -93,6 +93,13 @@ class ForwardSensitivity(AbstractAdjoint):
                     "solve's own tolerance."
                 )
 
+    def check_events(self, events):
+        raise ValueError(
+            "adjoint=ForwardSensitivity() does not support events yet: its sensitivities do not "
+            "follow the jump of an event time. Fix: use adjoint='forward' (jax.jvp/jacfwd) or "
+            "adjoint='recursive' / 'direct' (jax.grad) with events."
+        )
+
     def run(self, loop, state, outputs):
         if loop.saveat.steps or loop.saveat.dense:
             raise ValueError(
