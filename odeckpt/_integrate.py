@@ -93,7 +93,7 @@ class IntegrationLoop(eqx.Module):
             dt_factor=step.dt_factor,
         )  # fmt: skip
         if recorded is None:
-            finite = decision.finite if folded else all_finite((step.y1, f1))
+            finite = decision.finite if folded else decision.finite & all_finite((step.y1, f1))
             verdict = self._verdict(step, decision.accept, finite)
         else:
             verdict = recorded.verdict

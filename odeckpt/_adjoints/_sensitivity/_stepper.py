@@ -133,6 +133,8 @@ class MaxNormController(AbstractController):
     rtol: float | None = None
     atol: float | None = None
 
+    judges_error = False  # the loop checks the augmented step's finiteness itself
+
     def check(self, stepper, dt0):
         self.controller.check(stepper, dt0)
 
@@ -142,12 +144,15 @@ class MaxNormController(AbstractController):
     def reject(self, t0, t1, dt, state):
         return self.controller.reject(t0, t1, dt, state)
 
-    def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
+    def adapt(
+        self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
+    ):
         controller = self.controller
         if y_error is None or not isinstance(controller, PIDController):
             return controller.adapt(
-                t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept
-            )
+                t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept,
+                dt_factor=dt_factor,
+            )  # fmt: skip
 
         def mean_squares(error, a, b, axis):
             """Per group: the mean over its components of `(error / weight)^2`."""
@@ -176,7 +181,7 @@ class MaxNormController(AbstractController):
         zero = jnp.zeros((1,), jnp.result_type(worst))
         return controller.adapt(
             t0, t1, dt, zero, zero, (worst * controller.atol)[None], stepper, state,
-            clipped=clipped, accept=accept,
+            clipped=clipped, accept=accept, dt_factor=dt_factor,
         )  # fmt: skip
 
 
