@@ -5,11 +5,14 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 
 import abc
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ._checks import known_values
 from ._steppers._base import AbstractStepper
 from ._types import Args, BoolScalar, Scalar, VectorField, Y
 
@@ -48,6 +51,12 @@ class AbstractController(eqx.Module):
     @abc.abstractmethod
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         """Raise (naming the fix) if this controller cannot drive `stepper` with `dt0`."""
+
+    @abc.abstractmethod
+    def valid(self) -> BoolScalar:
+        """Whether this controller's settings are valid. Settings known at construction are
+        checked there; this checks traced ones at run time (a solve with invalid settings ends
+        before its first step with `Status.invalid_settings`)."""
 
     @abc.abstractmethod
     def init(
@@ -109,6 +118,10 @@ class ConstantStep(AbstractController):
             raise ValueError(
                 "ConstantStep needs a step size. Fix: pass `dt0=...` to `odeckpt.solve`."
             )
+
+    def valid(self) -> BoolScalar:
+        # `dt0` is checked by `solve`.
+        return jnp.array(True)
 
     def init(self, f, t0, y0, f0, args, stepper, dt0):
         assert dt0 is not None
@@ -176,19 +189,43 @@ class PIDController(AbstractController):
     safety: float = 0.9
 
     def __check_init__(self):
+        # Settings known now are checked now; traced ones by `valid` at run time.
+        known = {name: known_values(f"PIDController({name})", getattr(self, name)) for name in (
+            "rtol", "atol", "dtmin", "dtmax", "pcoeff", "icoeff", "dcoeff", "factormin",
+            "factormax", "safety",
+        )}  # fmt: skip
         for name in ("rtol", "atol", "dtmin", "dtmax"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"PIDController({name}={value}) must be positive.")
-        if not 0 < self.factormin < 1 < self.factormax:
+            value = known[name]
+            if value is not None and not (np.all(value > 0) and np.all(value < np.inf)):
+                raise ValueError(
+                    f"PIDController({name}={getattr(self, name)}) must be positive and finite."
+                )
+        for name in ("pcoeff", "icoeff", "dcoeff"):
+            if known[name] is not None and not np.all(np.isfinite(known[name])):
+                raise ValueError(f"PIDController({name}={getattr(self, name)}) must be finite.")
+        factormin, factormax, safety = known["factormin"], known["factormax"], known["safety"]
+        if factormin is not None and factormax is not None and not 0 < factormin < 1 < factormax:
             raise ValueError(
                 "PIDController needs 0 < factormin < 1 < factormax, got "
                 f"factormin={self.factormin}, factormax={self.factormax}."
             )
-        if not 0 < self.safety <= 1:
+        if safety is not None and not 0 < safety <= 1:
             raise ValueError(f"PIDController(safety={self.safety}) must be in (0, 1].")
-        if self.dtmin is not None and self.dtmax is not None and self.dtmin > self.dtmax:
+        dtmin, dtmax = known["dtmin"], known["dtmax"]
+        if dtmin is not None and dtmax is not None and dtmin.size and dtmax.size and dtmin > dtmax:
             raise ValueError("PIDController needs dtmin <= dtmax.")
+
+    def valid(self) -> BoolScalar:
+        """Whether the settings are valid (tolerances positive and finite, and the bounds
+        above); constant `True` unless some are traced, which `__check_init__` cannot check."""
+        ok = [all_positive_finite(self.rtol), all_positive_finite(self.atol)]
+        ok += [all_positive_finite(x) for x in (self.dtmin, self.dtmax) if x is not None]
+        ok += [jnp.isfinite(x) for x in (self.pcoeff, self.icoeff, self.dcoeff)]
+        ok += [0 < self.factormin, self.factormin < 1, 1 < self.factormax]
+        ok += [0 < self.safety, self.safety <= 1]
+        if self.dtmin is not None and self.dtmax is not None:
+            ok.append(self.dtmin <= self.dtmax)
+        return functools.reduce(jnp.logical_and, [jnp.asarray(x) for x in ok])
 
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         if stepper.error_order is None:
@@ -217,7 +254,9 @@ class PIDController(AbstractController):
 
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
-        scale = jax.tree.map(lambda y: self.atol + self.rtol * jnp.abs(y), y0)
+        scale = jax.tree.map(
+            lambda y, a, r: a + r * jnp.abs(y), y0, per_leaf(self.atol, y0), per_leaf(self.rtol, y0)
+        )
         d0 = _rms(y0, scale)
         d1 = _rms(f0, scale)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1).astype(t0.dtype)
@@ -236,8 +275,9 @@ class PIDController(AbstractController):
     def adapt(self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None):
         assert y_error is not None and stepper.error_order is not None
         scale = jax.tree.map(
-            lambda a, b: self.atol + self.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1
-        )
+            lambda a, b, at, rt: at + rt * jnp.maximum(jnp.abs(a), jnp.abs(b)),
+            y0, y1, per_leaf(self.atol, y0), per_leaf(self.rtol, y0),
+        )  # fmt: skip
         # Step sizes are not differentiated (as in diffrax): the solution's derivative is that of
         # the steps taken, the same for every adjoint, and free of the controller's
         # ill-conditioned feedback.
@@ -254,9 +294,10 @@ class PIDController(AbstractController):
         inverse = jnp.where(finite, 1 / jnp.maximum(error, 1e-10), 0.0)
         inverse_prev, inverse_prev2 = state[0], state[1]
         factor = self.safety * inverse**b1
-        if b2 != 0:
+        # Known-zero gains cost nothing; traced ones are applied whatever their value.
+        if not _known_zero(b2):
             factor = factor * inverse_prev**b2
-        if b3 != 0:
+        if not _known_zero(b3):
             factor = factor * inverse_prev2**b3
         factor = jnp.clip(factor, self.factormin, self.factormax)
         factor = jnp.where(accept, factor, jnp.minimum(factor, 1.0))
@@ -295,6 +336,25 @@ class PIDController(AbstractController):
         if self.dtmax is not None:
             dt = jnp.minimum(dt, self.dtmax)
         return dt
+
+
+def per_leaf(tolerance, y: Y) -> Y:
+    """A tolerance as a pytree like `y`: itself if it is one (a tolerance per leaf), else the one
+    number repeated for every leaf."""
+    if jax.tree.structure(tolerance) == jax.tree.structure(y):
+        return tolerance
+    return jax.tree.map(lambda _: tolerance, y)
+
+
+def all_positive_finite(tolerance) -> BoolScalar:
+    """Whether every number in `tolerance` (a number or a pytree of them) is positive and
+    finite (`False` for NaN)."""
+    checks = [jnp.all((jnp.asarray(x) > 0) & jnp.isfinite(x)) for x in jax.tree.leaves(tolerance)]
+    return functools.reduce(jnp.logical_and, checks, jnp.array(True))
+
+
+def _known_zero(x) -> bool:
+    return isinstance(x, int | float) and x == 0
 
 
 def _rms(y: Y, scale: Y) -> Scalar:

@@ -25,8 +25,10 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import lineax as lx
+import numpy as np
 from jaxtyping import Array
 
+from ._checks import known_values
 from ._real_coordinates import RealCoordinates
 from ._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 
@@ -498,9 +500,9 @@ class NewtonKrylov(AbstractNewton):
 def _check_common(newton: AbstractNewton) -> None:
     name = type(newton).__name__
     for field in ("rtol", "atol"):
-        value = getattr(newton, field)
-        if value is not None and not value > 0:
-            raise ValueError(f"{name}({field}={value}) must be positive or None.")
+        value = known_values(f"{name}({field})", getattr(newton, field))  # None if traced
+        if value is not None and not np.all(value > 0):
+            raise ValueError(f"{name}({field}={getattr(newton, field)}) must be positive or None.")
     if not 0 < newton.kappa < 1:
         raise ValueError(f"{name}(kappa={newton.kappa}) must be in (0, 1); e.g. 1e-2.")
     if not isinstance(newton.max_iters, int) or newton.max_iters < 1:
