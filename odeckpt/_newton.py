@@ -194,7 +194,8 @@ class AbstractNewton(eqx.Module):
         component: a complex number's modulus for both its coordinates)."""
         rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
         atol = _DEFAULT_ATOL if self.atol is None else self.atol
-        return atol + rtol * coordinates.modulus(jax.lax.stop_gradient(y0))
+        # Not differentiated (the tolerances may be traced arrays the loop differentiates).
+        return jax.lax.stop_gradient(atol + rtol * coordinates.modulus(y0))
 
     def solve(
         self,
@@ -212,7 +213,11 @@ class AbstractNewton(eqx.Module):
         guess = jax.lax.stop_gradient(guess)
         z, info = self._iterate(no_grad(stage), guess, prepared, scale, eta, skip)
         z = jnp.where(info.converged, z, jax.lax.stop_gradient(guess))
-        return _stage_value(stage, jax.lax.stop_gradient(z), newton=self, jacobian=jacobian), info
+        # The method's settings (tolerances, which may be traced arrays) are not differentiated.
+        value = _stage_value(
+            stage, jax.lax.stop_gradient(z), newton=no_grad(self), jacobian=jacobian
+        )
+        return value, info
 
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
         eps = jnp.finfo(scale.dtype).eps
