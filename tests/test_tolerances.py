@@ -44,8 +44,9 @@ def test_tolerances_dt0_and_pid_gains_traced_together():
     for y, _ in (pi, i):
         assert float(y) == pytest.approx(np.exp(-1.0), rel=1e-5)
     # Known gains give the same steps as traced ones.
+    controller = odeckpt.PIDController(pcoeff=0.4, icoeff=0.3, factormax=5.0)
     known = odeckpt.solve(decay, jnp.array([1.0]), (0.0, 1.0), rtol=1e-6, atol=1e-9, dt0=0.01,
-                          controller=odeckpt.PIDController(pcoeff=0.4, icoeff=0.3, factormax=5.0))  # fmt: skip
+                          controller=controller)  # fmt: skip
     assert int(known.stats.num_steps) == int(pi[1])
 
 
@@ -120,9 +121,7 @@ def test_per_leaf_tolerances_with_implicit_stepper_and_backsolve():
     ],
 )
 def test_invalid_traced_tolerance_is_a_status(bad, message):
-    run = jax.jit(
-        lambda r: odeckpt.solve(decay, jnp.array([1.0]), (0.0, 1.0), rtol=r, throw=False)
-    )
+    run = jax.jit(lambda r: odeckpt.solve(decay, jnp.array([1.0]), (0.0, 1.0), rtol=r, throw=False))
     sol = run(bad)
     assert sol.status == odeckpt.Status.invalid_settings
     assert int(sol.stats.num_steps) == 0 and message in sol.status.message
