@@ -172,12 +172,16 @@ def summarise_tests(results: Path, device_name: str) -> None:
 
 
 def write_summary(records: list[dict], results: Path, device_name: str, total: float) -> None:
-    payload = {"device": device_name, "total_seconds": round(total, 1), "steps": records}
+    command = " ".join(["bash benchmarks/gpu_suite.sh", *sys.argv[1:]])
+    payload = {
+        "device": device_name, "command": command, "total_seconds": round(total, 1),
+        "steps": records,
+    }  # fmt: skip
     (results / "gpu-suite.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
         f"# GPU suite on {device_name}",
         "",
-        f"Command: `bash benchmarks/gpu_suite.sh`; total {total:.0f} s.",
+        f"Command: `{command}`; total {total:.0f} s.",
         "",
         "| step | exit status | seconds | limit | results |",
         "|---|---|---|---|---|",
