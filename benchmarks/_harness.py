@@ -29,7 +29,11 @@ from typing import Any
 import jax
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
+# `ODECKPT_BENCHMARK_RESULTS` redirects the results (gpu_suite.py --cpu-smoke writes to a temporary
+# folder).
+RESULTS = Path(
+    os.environ.get("ODECKPT_BENCHMARK_RESULTS", Path(__file__).resolve().parent / "results")
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._types import BoolScalar, Y
 
@@ -19,3 +20,35 @@ def with_nonfinite(error: Y, *trees: Y) -> Y:
     inf, and otherwise unchanged bit for bit (`error + 0 * x`). A norm of the result is finite
     exactly when `error` and every tree are: one reduction checks them all."""
     return jax.tree.map(lambda e, *xs: e + sum(0 * x for x in xs), error, *trees)
+
+
+def known_values(name: str, value) -> np.ndarray | None:
+    """Every number in the pytree `value`, flattened, if all are known at trace time; `None` if
+    any is traced. Raises (naming the fix) on strings and bools, which are never settings."""
+    leaves = jax.tree.leaves(value)
+    for leaf in leaves:
+        if isinstance(leaf, str | bool):
+            raise TypeError(
+                f"{name}={leaf!r} must be a number. Fix: pass e.g. {name}=1e-6 (a float or an "
+                "array, not a string or a bool)."
+            )
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        return None
+    if not leaves:
+        return np.empty(0)
+    try:
+        return np.concatenate([np.ravel(np.asarray(leaf, dtype=float)) for leaf in leaves])
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name}={value!r} must hold real numbers. Fix: pass e.g. {name}=1e-6."
+        ) from None
+
+
+def tightest(tolerance):
+    """The smallest value of a tolerance given per leaf (itself if it is one number): the one
+    tolerance for solves whose state is not shaped like the user's (Newton's flattened
+    coordinates, backsolve's augmented state)."""
+    leaves = jax.tree.leaves(tolerance)
+    if len(leaves) == 1 and jnp.ndim(leaves[0]) == 0:
+        return leaves[0]
+    return functools.reduce(jnp.minimum, [jnp.min(jnp.asarray(leaf)) for leaf in leaves])

@@ -5,12 +5,15 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 
 import abc
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._error_norm import effective_tolerances, real_dtype, rms, scaled_error
+from ._checks import known_values
+from ._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
 from ._steppers._base import AbstractStepper
 from ._types import Args, BoolScalar, Scalar, VectorField, Y
 
@@ -53,6 +56,12 @@ class AbstractController(eqx.Module):
     @abc.abstractmethod
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         """Raise (naming the fix) if this controller cannot drive `stepper` with `dt0`."""
+
+    @abc.abstractmethod
+    def valid(self) -> BoolScalar:
+        """Whether this controller's settings are valid. Settings known at construction are
+        checked there; this checks traced ones at run time (a solve with invalid settings ends
+        before its first step with `Status.invalid_settings`)."""
 
     @abc.abstractmethod
     def init(
@@ -119,6 +128,10 @@ class ConstantStep(AbstractController):
             raise ValueError(
                 "ConstantStep needs a step size. Fix: pass `dt0=...` to `odeckpt.solve`."
             )
+
+    def valid(self) -> BoolScalar:
+        # `dt0` is checked by `solve`.
+        return jnp.array(True)
 
     def init(self, f, t0, y0, f0, args, stepper, dt0):
         assert dt0 is not None
@@ -193,19 +206,43 @@ class PIDController(AbstractController):
     safety: float = 0.9
 
     def __check_init__(self):
+        # Settings known now are checked now; traced ones by `valid` at run time.
+        known = {name: known_values(f"PIDController({name})", getattr(self, name)) for name in (
+            "rtol", "atol", "dtmin", "dtmax", "pcoeff", "icoeff", "dcoeff", "factormin",
+            "factormax", "safety",
+        )}  # fmt: skip
         for name in ("rtol", "atol", "dtmin", "dtmax"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"PIDController({name}={value}) must be positive.")
-        if not 0 < self.factormin < 1 < self.factormax:
+            value = known[name]
+            if value is not None and not (np.all(value > 0) and np.all(value < np.inf)):
+                raise ValueError(
+                    f"PIDController({name}={getattr(self, name)}) must be positive and finite."
+                )
+        for name in ("pcoeff", "icoeff", "dcoeff"):
+            if known[name] is not None and not np.all(np.isfinite(known[name])):
+                raise ValueError(f"PIDController({name}={getattr(self, name)}) must be finite.")
+        factormin, factormax, safety = known["factormin"], known["factormax"], known["safety"]
+        if factormin is not None and factormax is not None and not 0 < factormin < 1 < factormax:
             raise ValueError(
                 "PIDController needs 0 < factormin < 1 < factormax, got "
                 f"factormin={self.factormin}, factormax={self.factormax}."
             )
-        if not 0 < self.safety <= 1:
+        if safety is not None and not 0 < safety <= 1:
             raise ValueError(f"PIDController(safety={self.safety}) must be in (0, 1].")
-        if self.dtmin is not None and self.dtmax is not None and self.dtmin > self.dtmax:
+        dtmin, dtmax = known["dtmin"], known["dtmax"]
+        if dtmin is not None and dtmax is not None and dtmin.size and dtmax.size and dtmin > dtmax:
             raise ValueError("PIDController needs dtmin <= dtmax.")
+
+    def valid(self) -> BoolScalar:
+        """Whether the settings are valid (tolerances positive and finite, and the bounds
+        above); constant `True` unless some are traced, which `__check_init__` cannot check."""
+        ok = [all_positive_finite(self.rtol), all_positive_finite(self.atol)]
+        ok += [all_positive_finite(x) for x in (self.dtmin, self.dtmax) if x is not None]
+        ok += [jnp.isfinite(x) for x in (self.pcoeff, self.icoeff, self.dcoeff)]
+        ok += [0 < self.factormin, self.factormin < 1, 1 < self.factormax]
+        ok += [0 < self.safety, self.safety <= 1]
+        if self.dtmin is not None and self.dtmax is not None:
+            ok.append(self.dtmin <= self.dtmax)
+        return functools.reduce(jnp.logical_and, [jnp.asarray(x) for x in ok])
 
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         if stepper.error_order is None:
@@ -289,11 +326,17 @@ class PIDController(AbstractController):
             finite=finite,
         )
 
-    def _tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[float, float]:
-        """The tolerances `stepper`'s steps are held to (`effective_tolerances`)."""
+    def _tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[Y, Y]:
+        """The tolerances `stepper`'s steps are held to (`effective_tolerances`), per leaf of
+        `y0`."""
         assert self.rtol is not None and self.atol is not None
-        exponent = stepper.tolerance_exponent
-        return effective_tolerances(self.rtol, self.atol, exponent, real_dtype(y0))
+        exponent, dtype = stepper.tolerance_exponent, real_dtype(y0)
+        held = lambda r, a: effective_tolerances(r, a, exponent, dtype)
+        pairs = jax.tree.map(held, per_leaf(self.rtol, y0), per_leaf(self.atol, y0))
+        is_pair = lambda x: isinstance(x, tuple)
+        rtol = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
+        atol = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
+        return rtol, atol
 
     def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:
         """The PID ratio of the next step size to this one, from the inverse error norms."""
@@ -302,9 +345,10 @@ class PIDController(AbstractController):
         b2 = -(self.pcoeff + 2 * self.dcoeff) / k
         b3 = self.dcoeff / k
         factor = self.safety * inverse**b1
-        if b2 != 0:
+        # Known-zero gains cost nothing; traced ones are applied whatever their value.
+        if not _known_zero(b2):
             factor = factor * state[0] ** b2
-        if b3 != 0:
+        if not _known_zero(b3):
             factor = factor * state[1] ** b3
         return factor
 
@@ -330,3 +374,14 @@ class PIDController(AbstractController):
         if self.dtmax is not None:
             dt = jnp.minimum(dt, self.dtmax)
         return dt
+
+
+def all_positive_finite(tolerance) -> BoolScalar:
+    """Whether every number in `tolerance` (a number or a pytree of them) is positive and
+    finite (`False` for NaN)."""
+    checks = [jnp.all((jnp.asarray(x) > 0) & jnp.isfinite(x)) for x in jax.tree.leaves(tolerance)]
+    return functools.reduce(jnp.logical_and, checks, jnp.array(True))
+
+
+def _known_zero(x) -> bool:
+    return isinstance(x, int | float) and x == 0

@@ -25,7 +25,7 @@ TOLERANCE_REFERENCE = 1e-3
 `tolerance_exponent`."""
 
 
-def effective_tolerances(rtol: float, atol: float, exponent: float, dtype) -> tuple[float, float]:
+def effective_tolerances(rtol, atol, exponent: float, dtype) -> tuple:
     """The tolerances a stepper with `tolerance_exponent = exponent` holds its steps to when the
     solve asks for `rtol` and `atol` on a state of `dtype`: `rtol' = r0 (rtol / r0) ** exponent`
     with `r0 = TOLERANCE_REFERENCE`, but not below `min(rtol, 1000 eps)` (the error estimates
@@ -52,8 +52,8 @@ def effective_tolerances(rtol: float, atol: float, exponent: float, dtype) -> tu
     """
     if exponent == 1:
         return rtol, atol
-    floor = min(rtol, 1000 * float(np.finfo(np.dtype(dtype)).eps))
-    effective = max(TOLERANCE_REFERENCE * (rtol / TOLERANCE_REFERENCE) ** exponent, floor)
+    floor = jnp.minimum(rtol, 1000 * float(np.finfo(np.dtype(dtype)).eps))
+    effective = jnp.maximum(TOLERANCE_REFERENCE * (rtol / TOLERANCE_REFERENCE) ** exponent, floor)
     return effective, atol * effective / rtol
 
 
@@ -62,9 +62,10 @@ def real_dtype(y: Y):
     return jnp.finfo(jnp.result_type(*jax.tree.leaves(y))).dtype
 
 
-def scaled_error(y_error: Y, y0: Y, y1: Y, rtol: float, atol: float) -> Scalar:
+def scaled_error(y_error: Y, y0: Y, y1: Y, rtol, atol) -> Scalar:
     """The root mean square over every component of `y_error / (atol + rtol max(|y0|, |y1|))`:
-    a step whose error estimate is `y_error` is accepted when this is at most 1.
+    a step whose error estimate is `y_error` is accepted when this is at most 1. `rtol` and
+    `atol` are numbers (traced or not) or pytrees of them like `y0` (one per leaf).
 
     **Example:**
 
@@ -75,5 +76,16 @@ def scaled_error(y_error: Y, y0: Y, y1: Y, rtol: float, atol: float) -> Scalar:
     error = scaled_error(jnp.array([1e-7]), jnp.array([1.0]), jnp.array([0.9]), 1e-6, 1e-8)
     ```
     """
-    scale = jax.tree.map(lambda a, b: atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b)), y0, y1)
+    scale = jax.tree.map(
+        lambda a, b, at, rt: at + rt * jnp.maximum(jnp.abs(a), jnp.abs(b)),
+        y0, y1, per_leaf(atol, y0), per_leaf(rtol, y0),
+    )  # fmt: skip
     return rms(y_error, scale)
+
+
+def per_leaf(tolerance, y: Y) -> Y:
+    """A tolerance as a pytree like `y`: itself if it is one (a tolerance per leaf), else the one
+    number repeated for every leaf."""
+    if jax.tree.structure(tolerance) == jax.tree.structure(y):
+        return tolerance
+    return jax.tree.map(lambda _: tolerance, y)

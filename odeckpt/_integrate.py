@@ -258,7 +258,8 @@ class IntegrationLoop(eqx.Module):
 
     def init_state(self, t0: Scalar, y0: Y, dt0: Scalar | None) -> tuple[LoopState, int]:
         """The initial loop state, and the vector-field evaluations spent making it. A solve
-        that starts from a non-finite `y0` or `f(t0, y0, args)` fails before its first step."""
+        that starts from a non-finite `y0` or `f(t0, y0, args)`, or with invalid (traced)
+        controller settings, fails before its first step."""
         stepper_state = self.stepper.init(self.f, t0, y0, self.args)
         f0 = self.stepper.derivative(stepper_state)
         dt, controller_state, evals = self.controller.init(
@@ -267,6 +268,7 @@ class IntegrationLoop(eqx.Module):
         # Save times at t0 are written by `init_outputs`, not by a step.
         saved = 0 if self.ts is None else jnp.sum(self.ts <= t0, dtype=jnp.int32)
         status = Status.where(all_finite(f0), Status.successful, Status.nonfinite_f0)
+        status = Status.where(self.controller.valid(), status, Status.invalid_settings)
         state = LoopState(
             t=t0,
             y=y0,

@@ -27,8 +27,10 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import lineax as lx
+import numpy as np
 from jaxtyping import Array
 
+from ._checks import known_values
 from ._real_coordinates import RealCoordinates
 from ._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 
@@ -260,7 +262,8 @@ class AbstractNewton(eqx.Module):
         component: a complex number's modulus for both its coordinates)."""
         rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
         atol = _DEFAULT_ATOL if self.atol is None else self.atol
-        return atol + rtol * coordinates.modulus(jax.lax.stop_gradient(y0))
+        # Not differentiated (the tolerances may be traced arrays the loop differentiates).
+        return jax.lax.stop_gradient(atol + rtol * coordinates.modulus(y0))
 
     def solve(
         self,
@@ -282,7 +285,9 @@ class AbstractNewton(eqx.Module):
         z = jnp.where(info.converged, z, jax.lax.stop_gradient(guess))
         z = jax.lax.stop_gradient(z)
         factors = no_grad(prepared.factors)
-        return _stage_value(stage, z, factors, newton=self, jacobian=jacobian), info
+        # The method's settings (tolerances, which may be traced arrays) are not differentiated.
+        value = _stage_value(stage, z, factors, newton=no_grad(self), jacobian=jacobian)
+        return value, info
 
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
         eps = jnp.finfo(scale.dtype).eps
@@ -692,10 +697,11 @@ class NewtonKrylov(AbstractNewton):
 def _check_common(newton: AbstractNewton) -> None:
     name = type(newton).__name__
     for field in ("rtol", "atol"):
-        value = getattr(newton, field)
-        if value is not None and not value > 0:
-            raise ValueError(f"{name}({field}={value}) must be positive or None.")
-    if not 0 < newton.kappa < 1:
+        value = known_values(f"{name}({field})", getattr(newton, field))  # None if traced
+        if value is not None and not np.all(value > 0):
+            raise ValueError(f"{name}({field}={getattr(newton, field)}) must be positive or None.")
+    kappa = known_values(f"{name}(kappa)", newton.kappa)  # None if traced (set by a stepper)
+    if kappa is not None and not np.all((0 < kappa) & (kappa < 1)):
         raise ValueError(f"{name}(kappa={newton.kappa}) must be in (0, 1); e.g. 1e-2.")
     if not isinstance(newton.max_iters, int) or newton.max_iters < 1:
         raise ValueError(f"{name}(max_iters={newton.max_iters!r}) must be a positive int.")

@@ -9,9 +9,10 @@ from ._status import Status
 from ._types import BoolScalar
 
 
-def raise_if_failed(status: Status, tree):
+def raise_if_failed(status: Status, tree, note: dict[str, str] | None = None):
     """`tree` unchanged; raises at run time (through `eqx.error_if`) if the solve failed. Under
-    `EQX_ON_ERROR=nan` its inexact leaves are NaN instead.
+    `EQX_ON_ERROR=nan` its inexact leaves are NaN instead. `note` appends text to the messages
+    of the outcomes it names (see `Status.error_if`).
 
     The check runs on a floating scalar and reaches `tree` through an exact `x - 0`, instead of
     passing `tree` through the check's `lax.cond`: XLA places a `cond` holding a host callback
@@ -21,9 +22,9 @@ def raise_if_failed(status: Status, tree):
     failed = status != Status.successful
     inexact = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     if not inexact:
-        return status.error_if(tree, failed)
+        return status.error_if(tree, failed, note=note)
     real = jnp.result_type(*[jnp.finfo(x.dtype).dtype for x in inexact])
-    zero = status.error_if(jnp.zeros((), real), failed)
+    zero = status.error_if(jnp.zeros((), real), failed, note=note)
 
     def leaf(x):
         if not eqx.is_inexact_array(x):

@@ -1,9 +1,13 @@
 """The result of a solve."""
 
+import dataclasses
+from collections.abc import Iterator
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Float
 
 from ._dense import DenseOutput
@@ -34,11 +38,20 @@ class Stats(eqx.Module):
         step count is only known in the backward pass: `BacksolveAdjoint(on_backward=...)`
         reports it.
 
+    - `max_steps`: the `max_steps` the solve ran with (a Python int).
+
+    `Stats` also reads as a mapping, as diffrax's `sol.stats` dict does: `sol.stats["num_steps"]`,
+    `dict(sol.stats)`, `sol.stats.keys()`; the keys are the field names (`num_steps`,
+    `num_accepted_steps`, `num_rejected_steps` and `max_steps` mean what they mean in diffrax),
+    and scipy's `nfev`, `njev` and `nlu` are accepted as aliases. It prints its numbers:
+    `Stats(num_steps=41, ...)`, arrays of them under `vmap`.
+
     **Example:**
 
     ```python
     sol = odeckpt.solve(f, y0, (0.0, 1.0))
     print(sol.stats.num_steps, sol.stats.num_fn_evals, sol.stats.num_checkpoints)
+    print(sol.stats["num_accepted_steps"], dict(sol.stats))
     ```
     """
 
@@ -50,6 +63,61 @@ class Stats(eqx.Module):
     num_lu_factorisations: IntScalar
     num_checkpoints: IntScalar
     num_recomputed_steps: IntScalar
+    max_steps: int = eqx.field(static=True)
+
+    def keys(self) -> list[str]:
+        """The names of the counters (and `max_steps`), as a dict's keys."""
+        return [field.name for field in dataclasses.fields(self)]
+
+    def __getitem__(self, key: str) -> IntScalar | int:
+        name = _STATS_ALIASES.get(key, key)
+        if name not in self.keys():
+            raise KeyError(
+                f"{key!r} is not a statistic of a solve; the keys are {self.keys()} (and scipy's "
+                f"{sorted(_STATS_ALIASES)})."
+            )
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys() or key in _STATS_ALIASES
+
+    def items(self) -> list[tuple[str, IntScalar | int]]:
+        """`(key, value)` pairs, as a dict's items."""
+        return [(key, self[key]) for key in self.keys()]
+
+    def values(self) -> list[IntScalar | int]:
+        """The values, as a dict's values."""
+        return [self[key] for key in self.keys()]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{key}={_number(value)}" for key, value in self.items())
+        return f"Stats({shown})"
+
+    def __pdoc__(self, **kwargs):
+        del kwargs
+        return wl.TextDoc(repr(self))
+
+
+_STATS_ALIASES = {
+    "nfev": "num_fn_evals",
+    "njev": "num_jacobian_evals",
+    "nlu": "num_lu_factorisations",
+}
+"""scipy's `OdeResult` names for the same counts."""
+
+
+def _number(value) -> str:
+    """An integer counter as a number, a list of numbers (batched), or `traced`."""
+    if isinstance(value, jax.core.Tracer):
+        return "traced"
+    array = np.asarray(value)
+    return str(array.item()) if array.ndim == 0 else np.array2string(array, separator=", ")
 
 
 class Solution(eqx.Module):
@@ -66,6 +134,8 @@ class Solution(eqx.Module):
     - `event`: with `solve(..., event=...)`, the index of the terminal event that ended the
         solve (into the tuple of events; `0` for a single one), or `-1` if none did; `None`
         without events.
+
+    It prints its arrays' shapes, and its `stats` and `status` with their values.
 
     **Example:**
 

@@ -1,12 +1,15 @@
 """The front door: `odeckpt.solve`."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _validate as validate
+from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
+from ._checks import tightest
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._dense import DenseOutput
 from ._events import Event, EventSet
@@ -20,20 +23,20 @@ from ._saveat import SaveAt
 from ._solution import Solution, Stats
 from ._status import Status
 from ._steppers import AbstractStepper, Tsit5, stepper_from_name, with_newton_tolerances
-from ._types import Args, Scalar, VectorField, Y
+from ._types import Args, Scalar, ScalarLike, Tolerance, VectorField, Y
 
 
 def solve(
     f: VectorField,
     y0: Y,
-    t_span,
+    t_span=None,
     args: Args = None,
-    *,
+    *unexpected_positional,
     solver: AbstractStepper | str = Tsit5(),
     adjoint: AbstractAdjoint | str = "recursive",
-    rtol: float = 1e-6,
-    atol: float = 1e-8,
-    dt0: float | None = None,
+    rtol: Tolerance = 1e-6,
+    atol: Tolerance = 1e-8,
+    dt0: ScalarLike | None = None,
     controller: AbstractController | None = None,
     saveat: SaveAt | jax.Array | np.ndarray | None = None,
     max_steps: int = 4096,
@@ -41,6 +44,7 @@ def solve(
     progress: bool = False,
     event: Event | tuple[Event, ...] | None = None,
     jump_ts: jax.Array | np.ndarray | None = None,
+    **unexpected_keywords,
 ) -> Solution:
     """Solve the initial value problem `dy/dt = f(t, y, args)`, `y(t0) = y0`, over `t_span`.
 
@@ -53,8 +57,13 @@ def solve(
     - `args`: anything `f` needs (arrays, equinox modules, ...).
     - `solver`: a stepper (`odeckpt.Tsit5()`, ...) or its name (`"dopri5"`).
     - `adjoint`: how the solve is differentiated (an adjoint object or its name).
-    - `rtol`, `atol`: tolerances of the adaptive step-size controller.
+    - `rtol`, `atol`: tolerances of the adaptive step-size controller: positive numbers, or
+        pytrees like `y0` whose leaves are numbers or arrays of the leaf's shape (a tolerance
+        per component). They may be traced (`jax.jit` over a function of `rtol` compiles once
+        for every value); a traced invalid value (NaN, zero, negative) ends the solve with
+        `Status.invalid_settings`.
     - `dt0`: the first step size (`None`: chosen automatically); required by `ConstantStep`.
+        May be traced.
     - `controller`: `odeckpt.PIDController(...)` (the default for steppers with an error
         estimate) or `odeckpt.ConstantStep()` (the default for the others).
     - `saveat`: a `SaveAt`, or an array of times meaning `SaveAt(ts=...)`; `None` saves `t1`.
@@ -66,6 +75,10 @@ def solve(
         `fn(t, y, args)` (see `Event`); `sol.event` says which terminal event ended the solve.
     - `jump_ts`: known discontinuities of `f` in time (dosing times, piecewise forcing): the
         steps land exactly on each and the stepper and controller restart there.
+
+    Only `f`, `y0`, `t_span` and `args` are positional. Keywords of diffrax's `diffeqsolve`,
+    scipy's `solve_ivp` or torchdiffeq's `odeint` (`stepsize_controller=`, `t0=`, `method=`,
+    `t_eval=`, ...) raise a `TypeError` naming the odeckpt spelling.
 
     **Returns:**
 
@@ -87,14 +100,19 @@ def solve(
                         args=(1.1, 0.4, 0.4, 0.1), saveat=jnp.linspace(0.0, 20.0, 101))
     ```
     """
+    habits.check_call(unexpected_positional, unexpected_keywords)
+    if t_span is None:
+        raise TypeError("solve() needs the time span. Fix: `solve(f, y0, (t0, t1), args)`.")
+    habits.check_signature(f)
+    habits.check_list_state(y0)
     stepper = _stepper(solver)
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)
     t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
-    rtol, atol = validate.tolerance("rtol", rtol), validate.tolerance("atol", atol)
+    rtol, atol = validate.tolerance("rtol", rtol, y0), validate.tolerance("atol", atol, y0)
     max_steps = validate.count("max_steps", max_steps, "e.g. max_steps=4096")
     dt0 = validate.step_size(dt0, t0, t1)
-    controller = _controller(controller, stepper, dt0, rtol, atol)
+    controller = _controller(controller, stepper, dt0, rtol, atol, y0)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
@@ -124,8 +142,8 @@ def solve(
             t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps, jumps_value
         )
     options = _Options(
-        stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction, num_steps,
-        events,
+        stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction,
+        num_steps, _failure_notes(y0), events,
     )  # fmt: skip
     return _solve(f, y0, t0, t1, ts, args, options, jumps)
 
@@ -144,7 +162,23 @@ class _Options(eqx.Module):
     progress: bool = eqx.field(static=True)
     direction: float | None = eqx.field(static=True)
     num_steps: int | None = eqx.field(static=True)
+    failure_notes: tuple[tuple[str, str], ...] = eqx.field(static=True)
+    """Text added to the messages of failures (by `Status` name), from what the inputs are."""
     events: tuple[Event, ...] | None = None
+
+
+def _failure_notes(y0: Y) -> tuple[tuple[str, str], ...]:
+    """In single precision, running out of steps is often rounding stalling the step-size
+    control: say so."""
+    if any(jnp.finfo(leaf.dtype).bits <= 32 for leaf in jax.tree.leaves(y0)):
+        note = (
+            " The state is single precision (float32): rounding can stall the step-size "
+            "control, notably on stiff problems. Fix: solve in float64, with "
+            '`jax.config.update("jax_enable_x64", True)` at the start of the program and '
+            "a float64 y0."
+        )
+        return (("max_steps_reached", note), ("dt_underflow", note))
+    return ()
 
 
 @eqx.filter_jit
@@ -184,7 +218,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     inputs = (f, y0, t0, t1, ts, args)
     outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
-        outputs = raise_if_failed(status, outputs)
+        outputs = raise_if_failed(status, outputs, dict(options.failure_notes))
     ts_out, ys_out, dense = outputs
     stats = Stats(
         num_steps=state.num_steps,
@@ -195,6 +229,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
         num_lu_factorisations=state.num_lu_factorisations,
         num_checkpoints=result.stats.num_checkpoints,
         num_recomputed_steps=result.stats.num_recomputed_steps,
+        max_steps=max_steps,
     )
     event = None if state.events is None else state.events.event
     return Solution(
@@ -233,7 +268,10 @@ def _collect(
 
 def _stepper(solver) -> AbstractStepper:
     if isinstance(solver, str):
-        return stepper_from_name(solver)
+        try:
+            return stepper_from_name(solver)
+        except ValueError as error:
+            raise ValueError(f"{error}{habits.solver_hint(solver)}") from None
     if not isinstance(solver, AbstractStepper):
         raise TypeError(
             f"solver={solver!r} is not a stepper. Fix: pass e.g. `odeckpt.Tsit5()` or a name "
@@ -255,7 +293,7 @@ def _adjoint(adjoint) -> AbstractAdjoint:
     return adjoint
 
 
-def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol) -> AbstractController:
+def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol, y0) -> AbstractController:
     if controller is None:
         controller = ConstantStep() if stepper.error_order is None else PIDController()
     if not isinstance(controller, AbstractController):
@@ -266,6 +304,13 @@ def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol) -> Abstra
     controller.check(stepper, dt0)
     if isinstance(controller, PIDController):
         controller = controller.with_tolerances(rtol, atol)
+        # A controller's own tolerances get the checks of solve's (structure, shapes).
+        controller = dataclasses.replace(
+            controller,
+            rtol=validate.tolerance("PIDController(rtol)", controller.rtol, y0),
+            atol=validate.tolerance("PIDController(atol)", controller.atol, y0),
+        )
+        validate.warn_below_resolution(controller.rtol, y0)
     return controller
 
 
@@ -273,7 +318,8 @@ def _newton_tolerances(stepper, controller, rtol, atol) -> AbstractStepper:
     """An implicit stepper's Newton iteration converges to the tolerances of the controller."""
     if isinstance(controller, PIDController):
         rtol, atol = controller.rtol, controller.atol
-    return with_newton_tolerances(stepper, rtol, atol)
+    # Newton's norm is over flattened coordinates: one tolerance, the tightest.
+    return with_newton_tolerances(stepper, tightest(rtol), tightest(atol))
 
 
 def _saveat(saveat) -> SaveAt:

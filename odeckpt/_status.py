@@ -1,64 +1,184 @@
 """Run-time outcomes of a solve."""
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import wadler_lindig as wl
+from jaxtyping import Array, ArrayLike, Bool, Int
 
 
-class Status(eqx.Enumeration):
+class _Outcome:
+    """One named outcome of `Status`, declared with its message: `Status.<name>` reads it as a
+    `Status`. Its number is its order among the outcomes."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __set_name__(self, owner: type, name: str):
+        self.name = name
+
+    def __get__(self, status, owner=None) -> "Status":
+        return owner(np.array(_outcomes(owner).index(self.name), dtype=np.int32))
+
+
+def _outcomes(owner: type) -> list[str]:
+    return [name for name, value in vars(owner).items() if isinstance(value, _Outcome)]
+
+
+class Status(eqx.Module):
     """How a solve ended. `sol.status == Status.successful` tests for success.
 
     With `solve(..., throw=True)` any other outcome raises at run time with the message below;
-    with `throw=False` the partial solution is returned and the status says what happened.
+    with `throw=False` the partial solution is returned and the status says what happened
+    (`sol.status.message`). A status prints as its name (`Status.successful`), an array of them
+    (under `vmap`) as their names, and a traced one as `Status(traced)`.
 
     **Example:**
 
     ```python
     sol = odeckpt.solve(f, y0, (0.0, 1.0), max_steps=2, throw=False)
     ran_out = sol.status == odeckpt.Status.max_steps_reached  # a bool array: True here
+    print(sol.status)  # Status.max_steps_reached
     ```
     """
 
-    successful = ""
-    max_steps_reached = (
+    _value: Int[Array | np.ndarray, "..."]
+
+    successful = _Outcome("")
+    max_steps_reached = _Outcome(
         "The maximum number of steps was reached before the end of the time span. Fix: raise "
         "`max_steps=` in `odeckpt.solve`, loosen `rtol`/`atol`, or use an implicit solver if the "
         "problem is stiff."
     )
-    dt_underflow = (
+    dt_underflow = _Outcome(
         "The step size fell below its minimum (`dtmin`, or machine precision relative to t). "
         "Fix: the problem is probably stiff (use an implicit solver) or singular near this time; "
         "lower `PIDController(dtmin=...)` or loosen the tolerances."
     )
-    newton_failed = (
+    newton_failed = _Outcome(
         "The Newton iteration of an implicit solver did not converge, even with a fresh "
         "Jacobian and the step size shrunk to its minimum (or with `ConstantStep`, which cannot "
         "shrink it). Fix: check that a user `jac=` matches the vector field; with "
         "`ConstantStep`, reduce `dt0`; otherwise loosen rtol/atol, raise "
         "`Newton(max_iters=...)`, or try `solver=odeckpt.Rodas5()` (no Newton iteration)."
     )
-    nonfinite_y0 = (
+    nonfinite_y0 = _Outcome(
         "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
         "computed."
     )
-    nonfinite_f0 = (
+    nonfinite_f0 = _Outcome(
         "The vector field is NaN or inf at the initial point: f(t0, y0, args) is not finite. "
         "Fix: check `args` for NaN or inf parameters, and the vector field at t0 for divisions "
         "by zero, logarithms or square roots of non-positive values, or overflow."
     )
-    nonfinite = (
+    nonfinite = _Outcome(
         "A step produced non-finite values (NaN or inf: in the vector field's values, the "
         "error estimate or the new state) and shortening it did not avoid them. Fix: check "
         "the vector field near this time for divisions by zero, square roots or logarithms of "
         "negative values (a solution that crosses the edge of the field's domain) or overflow "
         "(a solution that blows up); with `ConstantStep`, reduce `dt0`."
     )
-    max_jumps_reached = (
+    max_jumps_reached = _Outcome(
         "An event with `update=` fired more often than its `max_jumps` allows (a Zeno "
         "system jumps ever more often, e.g. a bouncing ball coming to rest). Fix: raise "
         "`Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the solve "
         "before the jumps accumulate."
     )
-    nonfinite_event = (
+    nonfinite_event = _Outcome(
         "An event's fn returned NaN or inf, so whether it fired cannot be told. Fix: check "
         "the event function (and `args`) for divisions by zero, square roots or logarithms of "
         "negative values along the solution."
     )
+    invalid_settings = _Outcome(
+        "A tolerance or step-size controller setting given as a traced value is invalid: "
+        "`rtol`, `atol`, `dtmin` and `dtmax` must be positive and finite, the PID gains finite, "
+        "0 < factormin < 1 < factormax, 0 < safety <= 1 and dtmin <= dtmax. Fix: check how "
+        "the traced value is computed (NaN, zero or negative)."
+    )
+
+    @classmethod
+    def where(cls, pred: Bool[ArrayLike, "..."], a: "Status", b: "Status") -> "Status":
+        """`a` where `pred` holds, else `b` (elementwise, as `jnp.where`)."""
+        if a._value is b._value:
+            return a
+        return cls(jnp.where(pred, a._value, b._value))
+
+    @classmethod
+    def messages(cls) -> list[str]:
+        """The message of every outcome, in the order of their numbers."""
+        return [vars(cls)[name].message for name in _outcomes(cls)]
+
+    def __eq__(self, other) -> Bool[Array, "..."]:  # pyright: ignore[reportIncompatibleMethodOverride]
+        with jax.ensure_compile_time_eval():
+            return jnp.asarray(self._value == _value_of(other))
+
+    def __ne__(self, other) -> Bool[Array, "..."]:  # pyright: ignore[reportIncompatibleMethodOverride]
+        with jax.ensure_compile_time_eval():
+            return jnp.asarray(self._value != _value_of(other))
+
+    @property
+    def message(self) -> str:
+        """What this outcome means and how to fix it (`""` for `successful`; for an array of
+        statuses, the messages joined by name)."""
+        names = self._names()
+        if names is None:
+            return "traced"
+        messages = dict(zip(_outcomes(type(self)), type(self).messages(), strict=True))
+        distinct = dict.fromkeys(np.ravel(names))
+        if np.ndim(names) == 0:
+            return messages[str(names)]
+        return "\n".join(f"{name}: {messages[name]}" for name in distinct if messages[name])
+
+    def error_if(self, token, pred, *, note: dict[str, str] | None = None):
+        """`token`, raising at run time with this status's message if `pred` holds.
+
+        **Arguments:**
+
+        - `token`: a pytree holding at least one array, returned unchanged.
+        - `pred`: whether to raise.
+        - `note`: text appended to the messages of the outcomes it names (by name).
+
+        **Returns:**
+
+        `token`.
+        """
+        note = note or {}
+        messages = [
+            message + note.get(name, "")
+            for name, message in zip(_outcomes(type(self)), type(self).messages(), strict=True)
+        ]
+        return eqx.branched_error_if(token, pred, self._value, messages)
+
+    def is_traced(self) -> bool:
+        """Whether this status is only known at run time."""
+        return isinstance(self._value, jax.core.Tracer)
+
+    def _names(self):
+        """The name of each outcome (a str, or a NumPy array of them), or `None` if traced."""
+        if self.is_traced():
+            return None
+        names = np.array(_outcomes(type(self)), dtype=object)
+        value = names[np.asarray(self._value)]
+        return str(value) if np.ndim(value) == 0 else value
+
+    def __repr__(self) -> str:
+        names = self._names()
+        if names is None:
+            return "Status(traced)"
+        if isinstance(names, str):
+            return f"Status.{names}"
+        return f"Status({np.array2string(names, separator=', ', formatter={'all': str})})"
+
+    def __pdoc__(self, **kwargs):
+        del kwargs
+        return wl.TextDoc(repr(self))
+
+
+def _value_of(other) -> Array | np.ndarray:
+    if not isinstance(other, Status):
+        raise ValueError(
+            f"A Status can only be compared with a Status, got {other!r}. Fix: compare with "
+            "e.g. `odeckpt.Status.successful`."
+        )
+    return other._value

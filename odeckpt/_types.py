@@ -14,3 +14,6 @@ IntScalar: TypeAlias = Int[Array, ""]
 BoolScalar: TypeAlias = Bool[Array, ""]
 VectorField: TypeAlias = Callable[[Scalar, Y, Args], Y]
 """`f(t, y, args) -> dy/dt`, with the same pytree structure, shapes and dtypes as `y`."""
+Tolerance: TypeAlias = float | Float[ArrayLike, "..."] | PyTree[float | Float[ArrayLike, "..."]]
+"""`rtol` or `atol`: one number, or a pytree like the state of numbers or arrays of each leaf's
+shape (a tolerance per component)."""

@@ -1,11 +1,15 @@
 """Checks of `solve`'s inputs. Each raises at call (trace) time with the fix in the message;
 checks that need values which are only known at run time go through `eqx.error_if`."""
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import known_values
+from ._error_norm import per_leaf
 from ._events import Event
 from ._types import Args, Scalar, VectorField, Y
 
@@ -123,20 +127,69 @@ def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
             )
 
 
-def tolerance(name: str, value) -> float:
-    """`rtol` or `atol` as a Python float, raising (naming the fix) unless it is a positive,
-    finite real number known at trace time."""
+def tolerance(name: str, value, y0: Y):
+    """`rtol` or `atol`, raising (naming the fix) unless it is one positive, finite real number,
+    or a pytree like `y0` whose leaves are such numbers or arrays of their leaf's shape (a
+    tolerance per component). Python numbers stay Python numbers; arrays become arrays of the
+    state's real dtype. Traced values are checked at run time (see `PIDController.valid`).
+    """
+    known_values(name, value)  # rejects strings and bools
+    if jax.tree.structure(value) == jax.tree.structure(y0):
+        paths = jax.tree_util.tree_leaves_with_path(value)
+        leaves = [
+            _tolerance_leaf(name + jax.tree_util.keystr(path), leaf, y)
+            for (path, leaf), y in zip(paths, jax.tree.leaves(y0), strict=True)
+        ]
+        value = jax.tree.unflatten(jax.tree.structure(y0), leaves)
+    elif len(jax.tree.leaves(value)) == 1 and jax.tree.leaves(value)[0] is value:
+        value = _tolerance_leaf(name, value, None, time_dtype(y0))
+    else:
+        raise ValueError(
+            f"{name} has the pytree structure {jax.tree.structure(value)}, but y0 has "
+            f"{jax.tree.structure(y0)}. Fix: pass one number for every component (e.g. "
+            f"{name}=1e-6), or a pytree like y0 whose leaves are numbers or arrays of the leaf's "
+            "shape (e.g. `jnp.array([...])` for an array state, not a list)."
+        )
+    return value
+
+
+def _tolerance_leaf(name: str, value, y: jax.Array | None, dtype=None):
+    """One leaf of a tolerance, checked: a scalar (or an array of `y`'s shape), positive and
+    finite if known."""
     fix = f"Fix: pass a positive number, e.g. {name}=1e-6."
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(f"{name} must be known when `solve` is traced, not a traced value. {fix}")
     _real_number(name, value, float, "1e-6")
-    array = np.asarray(value)
-    if array.shape != ():
-        raise ValueError(f"{name} must be a scalar, got shape {array.shape}. {fix}")
-    number = float(array)
-    if not (np.isfinite(number) and number > 0):
+    shape = jnp.shape(value)
+    allowed = "()" if y is None else f"() or {y.shape}"
+    if shape != () and (y is None or shape != y.shape):
+        raise ValueError(
+            f"{name} has shape {shape}; it must have shape {allowed}. Fix: one number, or an "
+            "array of the state's shape (a tolerance per component)."
+        )
+    known = known_values(name, value)
+    if known is not None and not (np.all(known > 0) and np.all(np.isfinite(known))):
         raise ValueError(f"{name}={value} must be positive and finite. {fix}")
-    return number
+    if isinstance(value, int | float):
+        return float(value)
+    dtype = dtype if y is None else jnp.finfo(y.dtype).dtype
+    return jnp.asarray(value, dtype)
+
+
+def warn_below_resolution(rtol, y0: Y) -> None:
+    """Warn if a known `rtol` is below the resolution of the dtype of a leaf it applies to."""
+    for r, y in zip(jax.tree.leaves(per_leaf(rtol, y0)), jax.tree.leaves(y0), strict=True):
+        known = known_values("rtol", r)
+        eps = jnp.finfo(y.dtype).eps
+        if known is not None and known.size and np.min(known) < eps:
+            warnings.warn(
+                f"rtol={np.min(known):g} is below the resolution of {y.dtype} (eps = {eps:.1e}): "
+                "rounding errors in y alone can exceed it, so steps may be rejected until the "
+                "solve runs out of steps or the step size underflows, and the result is no more "
+                f"accurate than {y.dtype} allows. Fix: use rtol >= {10 * eps:.0e}, or "
+                'solve in float64: `jax.config.update("jax_enable_x64", True)` at the start '
+                "of the program, and a float64 y0.",
+                stacklevel=4,
+            )
+            return
 
 
 def count(name: str, value, example: str) -> int:

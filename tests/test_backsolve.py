@@ -204,7 +204,12 @@ def test_t1_gradient_is_cotangent_times_vector_field():
 
 @pytest.mark.parametrize(
     "options",
-    [dict(checkpoints=3), dict(checkpoints=2, reconstruct="forward", window=4)],
+    [
+        dict(checkpoints=3),
+        # Forward re-solves under vmap: the same check, `-m slow` (their gradients are checked
+        # against finite differences in the default run).
+        pytest.param(dict(checkpoints=2, reconstruct="forward", window=4), marks=pytest.mark.slow),
+    ],
     ids=["backward", "forward"],
 )
 def test_vmap_of_grad_equals_per_example_grads(options):
@@ -465,7 +470,13 @@ def test_first_backward_step_ignores_the_parameter_integral():
 
 @pytest.mark.parametrize(
     "t_span, window, checkpoints",
-    [((0.0, 3.0), 3, None), ((3.0, 0.0), 4, 2), ((0.0, 3.0), 64, 2)],
+    [
+        # The default run keeps the case that exercises the most (a backward span, stored
+        # states and windows re-solved in turn); the others are the same check, `-m slow`.
+        pytest.param((0.0, 3.0), 3, None, marks=pytest.mark.slow),
+        ((3.0, 0.0), 4, 2),
+        pytest.param((0.0, 3.0), 64, 2, marks=pytest.mark.slow),
+    ],
     ids=["window-3", "backwards-window-4", "window-64"],
 )
 def test_forward_reconstruction_matches_finite_differences(t_span, window, checkpoints):

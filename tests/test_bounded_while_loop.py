@@ -91,7 +91,9 @@ def _grad(run, *args):
     return jax.value_and_grad(_loss(run), argnums=(0, 1, 2))(*args)
 
 
-@pytest.mark.parametrize("max_steps", [40, 12])  # stops early / hits max_steps
+# stops early / hits max_steps; an early stop is also what every adaptive solve's gradient does
+# in test_adjoints.py (recursive equals direct), so that case runs with -m slow.
+@pytest.mark.parametrize("max_steps", [pytest.param(40, marks=pytest.mark.slow), 12])
 def test_matches_unrolled_reference(max_steps):
     args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
     ref = _grad(lambda *a: _reference(*a, max_steps), *args)

@@ -2,9 +2,12 @@
 
 Each example is a jupytext percent-format script that asserts its own claim at the end and
 writes `result.json` beside its plots; the checks here repeat the claims from that file. The
-examples compile many gradients (several seconds each on two CPU cores): the notebooks run at
-their tiny size in the default suite (up to about 25 s each), except the stiff fit, which is
-`slow` with the demo (the stiff solvers' own tests cover Robertson in the default run).
+examples compile many gradients (several seconds each on two CPU cores): the default suite runs
+only the quickest notebook (`scan_memory`); the others run with `-m slow` (20-60 s each at their
+tiny size), with the demo. Their claims have unit tests in the default run: gradient memory flat
+in the steps (`test_gradient_memory.py`, Gray-Scott's), flat in the depth of a layer stack and
+gradients equal to `lax.scan`'s (`test_layers.py`, the deep residual network's), every adjoint's
+gradient against Direct's (`test_adjoints.py`, the spiral's), Robertson (`test_implicit.py`).
 """
 
 import json
@@ -58,6 +61,7 @@ def test_scan_memory(tmp_path):
     assert result["checkpointed_growth_mib"] < result["carry_mib"]
 
 
+@pytest.mark.slow
 def test_gray_scott(tmp_path):
     folder = run_example("gray_scott", tmp_path)
     plots_written(folder, ["pattern.png", "memory.png"])
@@ -67,6 +71,7 @@ def test_gray_scott(tmp_path):
     assert max(result["temp_mib_by_checkpoints"].values()) < result["temp_mib_direct"] / 4
 
 
+@pytest.mark.slow
 def test_deep_residual(tmp_path):
     folder = run_example("deep_residual", tmp_path)
     plots_written(folder, ["training.png", "memory_vs_depth.png"])
@@ -80,6 +85,7 @@ def test_deep_residual(tmp_path):
     assert scan[max(scan)] > 2 * scan[min(scan)]
 
 
+@pytest.mark.slow
 def test_neural_ode_spiral(tmp_path):
     folder = run_example("neural_ode_spiral", tmp_path)
     plots_written(folder, ["training.png", "adjoints.png"])

@@ -186,6 +186,32 @@ def test_non_finite_args_fail_before_the_first_step():
     assert sol.status == odeckpt.Status.nonfinite_f0 and int(sol.stats.num_steps) == 0
 
 
+@pytest.mark.parametrize("adjoint", ADJOINTS)
+def test_faulty_traced_tolerances_fail_per_lane(adjoint):
+    """Tolerances traced per lane: NaN, inf, zero or negative ones end their lane with
+    `invalid_settings` before its first step, with a NaN derivative; a healthy lane beside
+    them keeps its exact one."""
+
+    def lane(rtol, atol, k):
+        def final(k):
+            sol = odeckpt.solve(faulty_field, jnp.ones(1), (0.0, T1), (k, 2.0, 0.0),
+                                rtol=rtol, atol=atol, adjoint=adjoint, throw=False)  # fmt: skip
+            return jnp.sum(sol.ys**2), sol
+
+        sol = final(k)[1]
+        derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+        grad = derivative(lambda k: final(k)[0])(k)
+        return sol.status == odeckpt.Status.invalid_settings, sol.stats.num_steps, grad
+
+    rtol = jnp.array([np.nan, np.inf, 0.0, -1e-6, 1e-6, 1e-8])
+    atol = jnp.array([1e-8, 1e-8, 1e-8, 1e-8, np.nan, 1e-10])
+    invalid, steps, grad = jax.jit(jax.vmap(lane, in_axes=(0, 0, None)))(rtol, atol, 1.3)
+    assert np.asarray(invalid).tolist() == [True] * 5 + [False]
+    assert np.all(np.asarray(steps)[:5] == 0)
+    assert np.all(np.isnan(np.asarray(grad)[:5]))
+    np.testing.assert_allclose(grad[5], -2 * np.exp(-2 * 1.3), rtol=1e-6)
+
+
 def test_error_norm_keeps_nan():
     from odeckpt._error_norm import rms as _rms
 

@@ -5,6 +5,7 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 
 from .._error_norm import effective_tolerances, real_dtype, scaled_error
@@ -62,7 +63,8 @@ class AbstractProposer(AbstractImplicit):
         rtol, _ = self._tolerances(dtype)
         floor = 10 * float(np.finfo(dtype).eps) / rtol
         newton = self.held_newton(dtype)
-        return dataclasses.replace(newton, kappa=min(newton.kappa, max(floor, rtol**0.5)))
+        kappa = jnp.minimum(newton.kappa, jnp.maximum(floor, rtol**0.5))
+        return dataclasses.replace(newton, kappa=kappa)
 
 
 def check_jac(stepper: AbstractStepper, newton: AbstractNewton, jac: Callable | None) -> None:

@@ -6,7 +6,9 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ..._checks import known_values, tightest
 from ..._controllers import AbstractController, PIDController
 from ..._events import EventSet
 from ..._integrate import IntegrationLoop
@@ -108,9 +110,11 @@ class BacksolveAdjoint(AbstractAdjoint):
             count("BacksolveAdjoint(checkpoints=...)", self.checkpoints,
                   "e.g. checkpoints=8, or checkpoints=None for no stored states")  # fmt: skip
         for name in ("rtol", "atol"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"BacksolveAdjoint({name}={value}) must be positive.")
+            value = known_values(f"BacksolveAdjoint({name})", getattr(self, name))
+            if value is not None and not np.all(value > 0):
+                raise ValueError(
+                    f"BacksolveAdjoint({name}={getattr(self, name)}) must be positive."
+                )
         if self.solver is not None and not isinstance(self.solver, AbstractStepper):
             raise TypeError(
                 f"BacksolveAdjoint(solver={self.solver!r}) is not a stepper. Fix: pass e.g. "
@@ -169,10 +173,11 @@ class BacksolveAdjoint(AbstractAdjoint):
     def _controller(self, controller: AbstractController) -> AbstractController:
         """The backward solve's controller: the forward one at the backward tolerances."""
         if isinstance(controller, PIDController):
+            # The augmented state is not shaped like y: tolerances per leaf become one number.
             return dataclasses.replace(
                 controller,
-                rtol=controller.rtol if self.rtol is None else self.rtol,
-                atol=controller.atol if self.atol is None else self.atol,
+                rtol=tightest(controller.rtol) if self.rtol is None else self.rtol,
+                atol=tightest(controller.atol) if self.atol is None else self.atol,
             )
         if self.rtol is None and self.atol is None:
             return controller

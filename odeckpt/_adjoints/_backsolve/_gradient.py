@@ -73,6 +73,16 @@ class BacksolveInputs(NamedTuple):
     outputs: Outputs
 
 
+class _Arguments(NamedTuple):
+    """What the rule is differentiated with respect to: the inputs, and the setup, whose arrays
+    (traced tolerances) must be arguments of the rule, never values it closes over."""
+
+    loop: IntegrationLoop
+    init: LoopState
+    outputs: Outputs
+    setup: BackwardSetup
+
+
 FORWARD_MODE_ERROR = (
     "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
     "Fix: for jax.jvp / jax.jacfwd use adjoint='forward' (ForwardMode) or adjoint='direct' "
@@ -83,22 +93,23 @@ FORWARD_MODE_ERROR = (
 def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, checkpoints: int | None):
     """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
     by solving the adjoint equations backwards (forward mode raises, naming the fix)."""
-    arrays, static = eqx.partition(inputs, eqx.is_array)
+    arrays, static = eqx.partition(_Arguments(*inputs, setup), eqx.is_array)
     whole = lambda arrays: eqx.combine(arrays, static)
+    inputs_of = lambda arguments: BacksolveInputs(*arguments[:3])
 
     def sweeps() -> Sweeps:
-        def forward(arrays: BacksolveInputs):
-            final, outputs, stored = _forward(whole(arrays), checkpoints)
+        def forward(arrays: _Arguments):
+            final, outputs, stored = _forward(inputs_of(whole(arrays)), checkpoints)
             return (final, outputs), (final, outputs, stored)
 
-        def reverse(
-            arrays: BacksolveInputs, saved, ct_out, want: BacksolveInputs
-        ) -> BacksolveInputs:
-            return _reverse(whole(arrays), saved, ct_out, want, setup)
+        def reverse(arrays: _Arguments, saved, ct_out, want: _Arguments) -> _Arguments:
+            arguments = whole(arrays)
+            ct = _reverse(inputs_of(arguments), saved, ct_out, want, arguments.setup)
+            return _Arguments(*ct, None)
 
         return Sweeps(forward, reverse)
 
-    primal = lambda arrays: _forward(whole(arrays), checkpoints)[:2]
+    primal = lambda arrays: _forward(inputs_of(whole(arrays)), checkpoints)[:2]
     return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
 
 
@@ -111,7 +122,11 @@ def _forward(inputs: BacksolveInputs, checkpoints: int | None):
 
 
 def _reverse(
-    inputs: BacksolveInputs, saved, ct_out, want: BacksolveInputs, setup: BackwardSetup
+    inputs: BacksolveInputs,
+    saved,
+    ct_out,
+    want: BacksolveInputs | _Arguments,
+    setup: BackwardSetup,
 ) -> BacksolveInputs:
     """The cotangents of `inputs` from those of the final state and the outputs."""
     final, outputs, stored = saved

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The GPU suite in one command: GPU-relevant tests, host offload (states 2**16 .. 2**22),
+# per-layer checkpointing memory, and the gradient and forward benchmarks against diffrax,
+# within about 10 minutes, writing benchmarks/results/gpu-*.{json,md} with the device name.
+# Without a GPU it exits with status 2 and says so; --cpu-smoke checks the orchestration on CPU.
+# See benchmarks/gpu_suite.py for the steps and options.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-python}" benchmarks/gpu_suite.py "$@"
