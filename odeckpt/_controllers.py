@@ -272,7 +272,7 @@ class PIDController(AbstractController):
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
         rtol, atol = self._tolerances(stepper, y0)
-        scale = jax.tree.map(lambda y: atol + rtol * jnp.abs(y), y0)
+        scale = jax.tree.map(lambda y, a, r: a + r * jnp.abs(y), y0, atol, rtol)
         d0 = rms(y0, scale)
         d1 = rms(f0, scale)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1).astype(t0.dtype)
@@ -331,12 +331,9 @@ class PIDController(AbstractController):
         `y0`."""
         assert self.rtol is not None and self.atol is not None
         exponent, dtype = stepper.tolerance_exponent, real_dtype(y0)
-        held = lambda r, a: effective_tolerances(r, a, exponent, dtype)
-        pairs = jax.tree.map(held, per_leaf(self.rtol, y0), per_leaf(self.atol, y0))
-        is_pair = lambda x: isinstance(x, tuple)
-        rtol = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
-        atol = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
-        return rtol, atol
+        rtol, atol = per_leaf(self.rtol, y0), per_leaf(self.atol, y0)
+        held = lambda i: lambda r, a: effective_tolerances(r, a, exponent, dtype)[i]
+        return jax.tree.map(held(0), rtol, atol), jax.tree.map(held(1), rtol, atol)
 
     def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:
         """The PID ratio of the next step size to this one, from the inverse error norms."""

@@ -43,10 +43,10 @@ y0 = jnp.ones(3)
         (dict(saveat=jnp.array([0.2, jnp.nan])), ValueError, "must be finite"),
         (dict(y0=jnp.ones(3, jnp.float16)), TypeError, "float16, too coarse"),
         (dict(y0=jnp.ones(3, jnp.bfloat16)), TypeError, "bfloat16, too coarse"),
-        (dict(rtol="1e-6"), TypeError, "must be a real number. Fix: pass e.g. rtol=1e-6"),
-        (dict(atol="x"), TypeError, "must be a real number"),
+        (dict(rtol="1e-6"), TypeError, "must be a number. Fix: pass e.g. rtol=1e-6"),
+        (dict(atol="x"), TypeError, "must be a number"),
         (dict(dt0="0.1"), TypeError, "must be a real number. Fix: pass e.g. dt0="),
-        (dict(rtol=np.array([1e-6, 1e-6])), ValueError, "must be a scalar"),
+        (dict(rtol=np.array([1e-6, 1e-6])), ValueError, r"must have shape \(\) or \(3,\)"),
         (dict(dt0=float("nan")), ValueError, "dt0=nan is not finite"),
     ],
 )

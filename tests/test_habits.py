@@ -82,11 +82,18 @@ def test_missing_time_span():
 
 
 @pytest.mark.parametrize(
-    "name, odeckpt_name", [("RK45", "dopri5"), ("DOP853", "dopri8"), ("Radau", "kvaerno5")]
+    "name, odeckpt_name",
+    [("RK45", "dopri5"), ("DOP853", "dopri8"), ("LSODA", "bdf")],
 )
 def test_foreign_solver_names(name, odeckpt_name):
     with pytest.raises(ValueError, match=f"solver='{odeckpt_name}"):
         odeckpt.solve(decay, Y0, (0.0, 1.0), solver=name)
+
+
+@pytest.mark.parametrize("name", ["Radau", "BDF"])
+def test_scipy_stiff_names_are_odeckpt_names(name):
+    sol = odeckpt.solve(decay, Y0, (0.0, 1.0), solver=name)
+    assert type(sol).__name__ == "Solution" and bool(sol.status == odeckpt.Status.successful)
 
 
 def robertson(t, y, args):
