@@ -287,11 +287,20 @@ def test_status_nonfinite_and_underflow():
 def test_constant_step_count_is_predicted_exactly():
     """`constant_step_count` (which lets checkpointing use the offline schedule) replays the
     loop's arithmetic: it must match the steps taken, in both dtypes, directions, with save
-    times forcing extra steps."""
+    times forcing extra steps. (Each case compiles a solve: 10 here, 40 more with -m slow.)"""
+    _check_constant_step_counts(cases=10, seed=0)
+
+
+@pytest.mark.slow
+def test_constant_step_count_is_predicted_exactly_many():
+    _check_constant_step_counts(cases=40, seed=1)
+
+
+def _check_constant_step_counts(cases: int, seed: int) -> None:
     from odeckpt._landing import constant_step_count, saves_per_step
 
-    rng = np.random.default_rng(0)
-    for _ in range(40):
+    rng = np.random.default_rng(seed)
+    for _ in range(cases):
         t0 = float(rng.uniform(-5, 5))
         t1 = t0 + float(rng.choice([-1, 1]) * rng.uniform(0.01, 10))
         dt = abs(t1 - t0) / float(rng.choice([1, 3, 7, 10, 33, 0.7 * rng.integers(1, 50)]))
