@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._checks import all_finite
+from ..._checks import all_finite, tightest
 from ..._controllers import AbstractController, PIDController
 from ..._steppers._base import AbstractStepper, Step
 from ..._types import Args, Scalar, VectorField, Y
@@ -144,10 +144,19 @@ class MaxNormController(AbstractController):
     def reject(self, t0, t1, dt, state):
         return self.controller.reject(t0, t1, dt, state)
 
+    def valid(self):
+        return self.controller.valid()
+
     def adapt(
         self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
     ):
         controller = self.controller
+        if isinstance(controller, PIDController):
+            # One tolerance for every component (the tightest of those given per leaf): the
+            # sensitivities are not shaped like the state.
+            controller = dataclasses.replace(
+                controller, rtol=tightest(controller.rtol), atol=tightest(controller.atol)
+            )
         if y_error is None or not isinstance(controller, PIDController):
             return controller.adapt(
                 t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept,
