@@ -226,12 +226,6 @@ class BDF(AbstractProposer):
             equal_steps=jnp.zeros((), jnp.int32),
         )
 
-    carries_history = True
-
-    def derivative(self, state: BDFState) -> Y:
-        """**Returns:** `f(t, y, args)` at the state's point."""
-        return state.implicit.f
-
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: BDFState
     ) -> Step:

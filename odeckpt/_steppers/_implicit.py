@@ -44,6 +44,13 @@ class AbstractProposer(AbstractImplicit):
     rtol: eqx.AbstractVar[float | None]
     atol: eqx.AbstractVar[float | None]
 
+    carries_history = True  # the last step's collocation polynomial, or a BDF history
+
+    def derivative(self, state) -> Y:
+        """**Returns:** `f(t, y, args)` at the state's point (`state.implicit.f`: a proposer's
+        state nests an `ImplicitState`)."""
+        return state.implicit.f
+
     def error_norm(self, y_error: Y, y0: Y, y1: Y) -> Scalar:
         """The error norm that the step-size controller computes for this step."""
         return scaled_error(y_error, y0, y1, *self._tolerances(real_dtype(y0)))

@@ -199,12 +199,6 @@ class Radau5(AbstractProposer):
             retry=jnp.array(True),
         )
 
-    carries_history = True
-
-    def derivative(self, state: RadauState) -> Y:
-        """**Returns:** `f(t, y, args)` at the state's point."""
-        return state.implicit.f
-
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: RadauState
     ) -> Step:
