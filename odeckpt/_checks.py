@@ -29,8 +29,8 @@ def known_values(name: str, value) -> np.ndarray | None:
     for leaf in leaves:
         if isinstance(leaf, str | bool):
             raise TypeError(
-                f"{name}={leaf!r} must be a number. Fix: pass e.g. {name}=1e-6 (a float or an "
-                "array, not a string or a bool)."
+                f"{_spelled(name, repr(leaf))} must be a number. Fix: pass e.g. "
+                f"{_spelled(name, '1e-6')} (a float or an array, not a string or a bool)."
             )
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
         return None
@@ -40,8 +40,17 @@ def known_values(name: str, value) -> np.ndarray | None:
         return np.concatenate([np.ravel(np.asarray(leaf, dtype=float)) for leaf in leaves])
     except (TypeError, ValueError):
         raise TypeError(
-            f"{name}={value!r} must hold real numbers. Fix: pass e.g. {name}=1e-6."
+            f"{_spelled(name, repr(value))} must hold real numbers. Fix: pass e.g. "
+            f"{_spelled(name, '1e-6')}."
         ) from None
+
+
+def _spelled(name: str, value: str) -> str:
+    """`name` given `value`, as the user writes it: `rtol=1e-6`, or `PIDController(pcoeff=0.3)`
+    for a name of the form `PIDController(pcoeff)`."""
+    if name.endswith(")"):
+        return f"{name[:-1]}={value})"
+    return f"{name}={value}"
 
 
 def tightest(tolerance):

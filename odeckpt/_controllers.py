@@ -158,6 +158,15 @@ class ConstantStep(AbstractController):
         return Decision(accept=~true, next_dt=dt, state=state, underflow=true, finite=true)
 
 
+_SCALAR_SETTINGS = (
+    "pcoeff", "icoeff", "dcoeff", "dtmin", "dtmax", "factormin", "factormax", "safety",
+)  # fmt: skip
+_EXAMPLES = dict(
+    pcoeff=0.4, icoeff=0.3, dcoeff=0.0, dtmin=1e-10, dtmax=1.0, factormin=0.2, factormax=10.0,
+    safety=0.9,
+)
+
+
 class PIDController(AbstractController):
     """Adaptive step size from the embedded error estimate (Söderlind's PID form).
 
@@ -211,26 +220,45 @@ class PIDController(AbstractController):
             "rtol", "atol", "dtmin", "dtmax", "pcoeff", "icoeff", "dcoeff", "factormin",
             "factormax", "safety",
         )}  # fmt: skip
+        for name in _SCALAR_SETTINGS:
+            value = getattr(self, name)
+            if value is not None and jnp.ndim(value) != 0:
+                raise ValueError(
+                    f"PIDController({name}=...) has shape {jnp.shape(value)}; it must be one "
+                    f"number (only rtol and atol may be given per component). Fix: pass e.g. "
+                    f"PIDController({name}={_EXAMPLES[name]})."
+                )
         for name in ("rtol", "atol", "dtmin", "dtmax"):
             value = known[name]
             if value is not None and not (np.all(value > 0) and np.all(value < np.inf)):
                 raise ValueError(
-                    f"PIDController({name}={getattr(self, name)}) must be positive and finite."
+                    f"PIDController({name}={getattr(self, name)}) must be positive and finite. "
+                    f"Fix: pass e.g. PIDController({name}={_EXAMPLES.get(name, 1e-6)})."
                 )
         for name in ("pcoeff", "icoeff", "dcoeff"):
             if known[name] is not None and not np.all(np.isfinite(known[name])):
-                raise ValueError(f"PIDController({name}={getattr(self, name)}) must be finite.")
+                raise ValueError(
+                    f"PIDController({name}={getattr(self, name)}) must be finite. Fix: pass e.g. "
+                    f"PIDController({name}={_EXAMPLES[name]})."
+                )
         factormin, factormax, safety = known["factormin"], known["factormax"], known["safety"]
         if factormin is not None and factormax is not None and not 0 < factormin < 1 < factormax:
             raise ValueError(
                 "PIDController needs 0 < factormin < 1 < factormax, got "
-                f"factormin={self.factormin}, factormax={self.factormax}."
+                f"factormin={self.factormin}, factormax={self.factormax}. Fix: pass e.g. "
+                "PIDController(factormin=0.2, factormax=10.0)."
             )
         if safety is not None and not 0 < safety <= 1:
-            raise ValueError(f"PIDController(safety={self.safety}) must be in (0, 1].")
+            raise ValueError(
+                f"PIDController(safety={self.safety}) must be in (0, 1]. Fix: pass e.g. "
+                "PIDController(safety=0.9)."
+            )
         dtmin, dtmax = known["dtmin"], known["dtmax"]
         if dtmin is not None and dtmax is not None and dtmin.size and dtmax.size and dtmin > dtmax:
-            raise ValueError("PIDController needs dtmin <= dtmax.")
+            raise ValueError(
+                f"PIDController needs dtmin <= dtmax, got dtmin={self.dtmin}, "
+                f"dtmax={self.dtmax}. Fix: swap them, or leave either unset (None)."
+            )
 
     def valid(self) -> BoolScalar:
         """Whether the settings are valid (tolerances positive and finite, and the bounds

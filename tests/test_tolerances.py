@@ -178,11 +178,25 @@ def test_bad_tolerances_raise_with_the_fix(kwargs, error, match):
         ({"safety": 1.5}, r"\(0, 1\]"),
         ({"factormin": 2.0}, "factormin"),
         ({"dtmin": -1.0}, "positive"),
+        ({"pcoeff": "0.3"}, r"PIDController\(pcoeff='0.3'\) must be a number"),
+        ({"pcoeff": jnp.full(2, 0.3)}, r"shape \(2,\); it must be one number"),
+        ({"safety": jnp.full(2, 0.9)}, r"PIDController\(safety=...\) has shape"),
+        ({"dtmax": np.ones((1, 1))}, "must be one number"),
     ],
 )
 def test_bad_pid_settings_raise_at_construction(settings, match):
-    with pytest.raises((TypeError, ValueError), match=match):
+    with pytest.raises((TypeError, ValueError), match=match) as info:
         odeckpt.PIDController(**settings)
+    assert "Fix: pass e.g. PIDController(" in str(info.value)
+
+
+def test_traced_pid_gains_of_the_wrong_shape_raise_with_the_fix():
+    def run(pcoeff):
+        controller = odeckpt.PIDController(pcoeff=pcoeff, icoeff=0.3)
+        return odeckpt.solve(decay, jnp.array([1.0]), (0.0, 1.0), controller=controller).ys
+
+    with pytest.raises(ValueError, match=r"Fix: pass e.g. PIDController\(pcoeff=0.4\)"):
+        jax.jit(run)(jnp.full(2, 0.4))
 
 
 def test_rtol_below_the_dtype_resolution_warns():
