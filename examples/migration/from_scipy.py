@@ -44,7 +44,7 @@ def robertson_jax(t, y, args):
 
 
 sol = odeckpt.solve(robertson_jax, jnp.array(y0), (0.0, 1e4), (0.04, 3e7, 1e4),
-                    solver="kvaerno5", saveat=jnp.asarray(t_eval), rtol=1e-6,
+                    solver="radau", saveat=jnp.asarray(t_eval), rtol=1e-6,
                     atol=jnp.array(atol), max_steps=10_000)  # fmt: skip
 odeckpt_ys = sol.ys  # (times, components)
 # --8<-- [end:odeckpt]
