@@ -96,7 +96,7 @@ class Stats(eqx.Module):
         return [self[key] for key in self.keys()]
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{key}={_number(value)}" for key, value in self.items())
+        shown = ", ".join(f"{key}={_value(value)}" for key, value in self.items())
         return f"Stats({shown})"
 
     def __pdoc__(self, **kwargs):
@@ -112,12 +112,23 @@ _STATS_ALIASES = {
 """scipy's `OdeResult` names for the same counts."""
 
 
-def _number(value) -> str:
-    """An integer counter as a number, a list of numbers (batched), or `traced`."""
+def _value(value) -> str:
+    """A number, a list of numbers (batched), or `traced`."""
     if isinstance(value, jax.core.Tracer):
         return "traced"
     array = np.asarray(value)
     return str(array.item()) if array.ndim == 0 else np.array2string(array, separator=", ")
+
+
+class _Shown:
+    """Prints as the text it holds."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __pdoc__(self, **kwargs) -> wl.AbstractDoc:
+        del kwargs
+        return wl.TextDoc(self.text)
 
 
 class Solution(eqx.Module):
@@ -135,7 +146,8 @@ class Solution(eqx.Module):
         solve (into the tuple of events; `0` for a single one), or `-1` if none did; `None`
         without events.
 
-    It prints its arrays' shapes, and its `stats` and `status` with their values.
+    It prints its arrays' shapes, and its `stats`, `status`, `t0`, `t1` and `event` with their
+    values.
 
     **Example:**
 
@@ -153,6 +165,21 @@ class Solution(eqx.Module):
     t1: Scalar
     dense: DenseOutput | None
     event: IntScalar | None = None
+
+    def __pdoc__(self, **kwargs) -> wl.AbstractDoc:
+        # Arrays print as shapes; the span and the event index, small numbers, as values.
+        pairs = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("t0", "t1", "event") and value is not None:
+                value = _Shown(_value(value))
+            if not (field.name == "event" and value is None):
+                pairs.append((field.name, value))
+        docs = wl.named_objs(pairs, **kwargs)
+        return wl.bracketed(wl.TextDoc("Solution("), docs, wl.comma, wl.TextDoc(")"), indent=2)
+
+    def __repr__(self) -> str:
+        return wl.pformat(self)
 
     def evaluate(self, t: Float[ArrayLike, "..."]) -> Y:
         """The continuous solution at time(s) `t` (needs `SaveAt(dense=True)`).

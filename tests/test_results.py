@@ -61,6 +61,7 @@ def test_reprs_show_values():
     text = repr(sol)
     assert "status=Status.successful" in text and f"Stats(num_steps={steps}," in text
     assert "ys=f64[1,2]" in text
+    assert "t0=0.0," in text and "t1=1.0," in text
 
 
 def test_reprs_batched():
