@@ -556,7 +556,7 @@ def test_on_backward_counts_constant_steps():
             "num_backward_steps": 20,
             "num_accepted_backward_steps": 20,
             "num_rejected_backward_steps": 0,
-            "num_forward_resolves": 0,
+            "num_window_solves": 0,
             "succeeded": True,
         }
     ]
@@ -567,7 +567,7 @@ def test_on_backward_counts_constant_steps():
 
 
 @pytest.mark.parametrize("window", [3, 5, 64])
-def test_on_backward_counts_forward_resolves(window):
+def test_on_backward_counts_window_solves(window):
     """`reconstruct="forward"` over 20 constant steps re-solves `y` once per `window` steps of
     the backward solve: ceil(20 / window) times."""
 
@@ -579,7 +579,7 @@ def test_on_backward_counts_forward_resolves(window):
     options = dict(reconstruct="forward", window=window)
     g, records = recorded_gradient(loss, jnp.array(0.7), options)
     resolves = math.ceil(20 / window)
-    assert [(r["num_backward_steps"], r["num_forward_resolves"]) for r in records] == [
+    assert [(r["num_backward_steps"], r["num_window_solves"]) for r in records] == [
         (20, resolves)
     ]
     np.testing.assert_allclose(g, -jnp.exp(-0.7), rtol=1e-7)

@@ -54,7 +54,8 @@ class BacksolveAdjoint(AbstractAdjoint):
     - `on_backward`: `None`, or a function called (through `jax.debug.callback`, once per
         evaluation of the gradient and per batch element under `vmap`) with a `dict` of
         Python values: `num_backward_steps`, `num_accepted_backward_steps`,
-        `num_rejected_backward_steps`, `num_forward_resolves` and `succeeded`. It must be
+        `num_rejected_backward_steps`, `num_window_solves` (forward re-solves of windows) and
+        `succeeded`. It must be
         hashable (a function or bound method): `jax.jit` caches on it. Call
         `jax.effects_barrier()` before reading what it recorded.
 

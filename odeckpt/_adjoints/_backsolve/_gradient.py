@@ -231,7 +231,7 @@ def _report(on_backward: Callable[[dict], None], stats: BackwardStats) -> None:
                 "num_backward_steps": accepted + rejected,
                 "num_accepted_backward_steps": accepted,
                 "num_rejected_backward_steps": rejected,
-                "num_forward_resolves": stats.num_window_solves.item(),
+                "num_window_solves": stats.num_window_solves.item(),
                 "succeeded": stats.succeeded.item(),
             }
         )
