@@ -55,9 +55,8 @@ class BacksolveAdjoint(AbstractAdjoint):
         evaluation of the gradient and per batch element under `vmap`) with a `dict` of
         Python values: `num_backward_steps`, `num_accepted_backward_steps`,
         `num_rejected_backward_steps`, `num_window_solves` (forward re-solves of windows) and
-        `succeeded`. It must be
-        hashable (a function or bound method): `jax.jit` caches on it. Call
-        `jax.effects_barrier()` before reading what it recorded.
+        `succeeded`. It must be hashable (a function or bound method): `jax.jit` caches on it.
+        Call `jax.effects_barrier()` before reading what it recorded.
 
     **Example:**
 
