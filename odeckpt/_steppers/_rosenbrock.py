@@ -155,16 +155,10 @@ def _stage_solvers(
     one step of iterative refinement whose residual takes `J u` from a Jacobian-vector product
     of `f`, not from the matrix.
 
-    The matrix `J` and its LU factors carry rounding errors relative to their largest entries
-    and to the largest components of `u`. A linear conservation law `w . f = 0` that `f` keeps
-    in floating point (a mass balance whose fluxes `f` computes once, adding each to one
-    species and subtracting it from another) is lost at that level: on the E5 pyrolysis
-    problem `w . u` leaks `1e-22` per stage out of increments of `1e-4`, Rodas5's large
-    coefficients (`|C_ij|` up to 318) amplify it, and the species that the law ties together
-    end 100x off at `t = 1e13`. A Jacobian-vector product of `f` keeps what `f` keeps, so the
-    refined `u` keeps the law to the rounding of the right-hand side. Only the main stages
-    need it: the later increments are of the size of the local error, and so are their
-    leaks. The correction is of the size of rounding errors and is not differentiated: the
+    The refinement keeps the linear conservation laws that `f` keeps in floating point, which
+    the LU solve alone loses at the level of its rounding errors (why this matters, and on
+    which problem: docs/architecture.md, "Refined stages in Rodas5"). Only the main stages
+    need it. The correction is of the size of rounding errors and is not differentiated: the
     derivative is that of the exact solve.
 
     **References:** R. D. Skeel, "Iterative refinement implies numerical stability for Gaussian
