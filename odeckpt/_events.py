@@ -121,21 +121,26 @@ class Event(eqx.Module):
 
 
 class EventState(eqx.Module):
-    """What the loop carries for its events: how often each has jumped, and the index of the
-    terminal event that ended the solve (`-1` while none has)."""
+    """What the loop carries for its events: how often each has jumped, the index of the
+    terminal event that ended the solve (`-1` while none has), and the event whose jump the
+    current point follows (`jumped`, `-1` if none) with its `fn` at the crossing before the
+    jump (`jumped_value`)."""
 
     num_jumps: Array
     event: IntScalar
+    jumped: IntScalar
+    jumped_value: Scalar
 
     @classmethod
-    def make(cls, count: int) -> "EventState":
-        return cls(jnp.zeros((count,), jnp.int32), jnp.asarray(-1, jnp.int32))
+    def make(cls, count: int, dtype) -> "EventState":
+        minus_one = jnp.asarray(-1, jnp.int32)
+        return cls(jnp.zeros((count,), jnp.int32), minus_one, minus_one, jnp.zeros((), dtype))
 
 
 class Crossing(eqx.Module):
     """The first crossing in a step: whether there is one, which event (`index`), where in
-    the step (`theta`, normalised time) and the time `t` and state `y` there; `nonfinite`:
-    some event's `fn` was NaN or inf in the step."""
+    the step (`theta`, normalised time) and the time `t` and state `y` there, and that event's
+    `fn` there (`value`); `nonfinite`: some event's `fn` was NaN or inf in the step."""
 
     found: BoolScalar
     nonfinite: BoolScalar
@@ -143,6 +148,7 @@ class Crossing(eqx.Module):
     theta: Scalar
     t: Scalar
     y: Y
+    value: Scalar
 
 
 class Outcome(eqx.Module):
@@ -198,16 +204,22 @@ class EventSet(eqx.Module):
         after = EventState(
             num_jumps=state.num_jumps.at[index].add(jumping.astype(jnp.int32)),
             event=jnp.where(fired & terminal, index, state.event),
+            # A rejected step leaves the point, and so what it follows, as it was.
+            jumped=jnp.where(accept, jnp.where(jumping, index, -1), state.jumped),
+            jumped_value=jnp.where(accept, crossing.value, state.jumped_value).astype(
+                state.jumped_value.dtype
+            ),
         )
         return Outcome(after, jumping, too_many, nonfinite)
 
     def locate(
-        self, t0: Scalar, t1: Scalar, y0: Y, y1: Y, dense: Y, args: Args,
+        self, t0: Scalar, t1: Scalar, y0: Y, y1: Y, dense: Y, args: Args, state: EventState,
         found: BoolScalar | None = None,
     ) -> Crossing:  # fmt: skip
         """The first crossing in the step from `(t0, y0)` to `(t1, y1)` with continuous
-        extension `dense`. With `found` given (a recomputation following its recorded
-        decision), whether there is one is not decided again."""
+        extension `dense`, the events being in `state` at its start. With `found` given (a
+        recomputation following its recorded decision), whether there is one is not decided
+        again."""
         h = t1 - t0
         inner = jnp.arange(1, SUBDIVISIONS, dtype=t0.dtype) / SUBDIVISIONS
         rows = jax.tree.map(lambda c: polynomial(c, inner), dense)
@@ -219,24 +231,29 @@ class EventSet(eqx.Module):
         # The smallest bracket the root finder resolves: the rounding of t, in units of h.
         scale = jnp.maximum(jnp.abs(t0), jnp.abs(t1))
         tol = 4 * jnp.finfo(t0.dtype).eps * jnp.maximum(1, scale / jnp.where(h > 0, h, 1))
-        roots, founds = [], []
+        roots, values, founds = [], [], []
         for i, event in enumerate(self.events):
             g = lambda th, e=event: self._value(e, t0 + th * h, _at(dense, th), args)
+            start = _start_value(g, samples[0, i], tol, event.direction, state, i)
+            samples = samples.at[0, i].set(start)
             crosses = self._crosses(event, samples[:-1, i], samples[1:, i])
             piece = jnp.argmax(crosses)
             any_cross = jnp.any(crosses)
             lo = jnp.where(any_cross, thetas[piece], 1)
             hi = jnp.where(any_cross, thetas[piece + 1], 1)
             theta = _illinois(g, lo, hi, samples[piece, i], samples[piece + 1, i], tol)
-            roots.append(_implicit_root(g, theta, any_cross))
+            root, value = _implicit_root(g, theta, any_cross)
+            roots.append(root)
+            values.append(value)
             founds.append(any_cross)
         roots, founds = jnp.stack(roots), jnp.stack(founds)
         index = jnp.argmin(jnp.where(founds, jax.lax.stop_gradient(roots), jnp.inf))
         theta = jnp.where(jnp.any(founds), roots[index], 1)
         any_found = jnp.any(founds) if found is None else found
         nonfinite = ~jnp.all(jnp.isfinite(samples))
+        value = jax.lax.stop_gradient(jnp.stack(values)[index])
         return Crossing(any_found, nonfinite, index.astype(jnp.int32), theta, t0 + theta * h,
-                        _at(dense, theta))  # fmt: skip
+                        _at(dense, theta), value)  # fmt: skip
 
     def _crosses(self, event: Event, before: Array, after: Array) -> Array:
         """Whether `fn` changes sign (in `event`'s direction, along the solve) between
@@ -246,6 +263,34 @@ class EventSet(eqx.Module):
         if event.direction is None:
             return rising | falling
         return rising if event.direction > 0 else falling
+
+
+def _start_value(
+    g: Callable[[Scalar], Scalar], g0: Scalar, tol: Scalar, direction: int | None,
+    state: EventState, index: int,
+) -> Scalar:  # fmt: skip
+    """The value of event `index`'s `fn` that counts at the start of a step: `g0 = g(0)`,
+    unless it is zero to the resolution of the root finder.
+
+    Rounding leaves the state at a located crossing on either side of the zero, and a step
+    that starts on the wrong side misses a crossing within its first piece: a ball bouncing
+    ever lower would fall through the floor. So:
+    - right after this event's own jump, where the jump left `fn` where it was (within
+        `|g'(0)| * tol` of its value at the crossing), an event with a direction starts on
+        the side its crossings come from: if `fn` is past the zero again by the next sample,
+        the event fires again (a Zeno cascade ends with `Status.max_jumps_reached`);
+    - otherwise, within `|g'(0)| * tol` of zero (an event's zero at `t0`), the sign is the one
+        `g` takes just after the start, `g'(0)`'s."""
+    g0, tol = jax.lax.stop_gradient((g0, tol))
+    zero = jnp.zeros_like(tol)
+    slope = jax.lax.stop_gradient(jax.jvp(g, (zero,), (jnp.ones_like(zero),))[1])
+    resolution = jnp.abs(slope) * tol
+    value = jnp.where(jnp.abs(g0) <= resolution, slope * tol, g0)
+    if direction is not None:
+        unmoved = jnp.abs(g0) <= jnp.abs(state.jumped_value) + resolution
+        before = -direction * jnp.maximum(resolution, jnp.finfo(g0.dtype).tiny)
+        value = jnp.where((state.jumped == index) & unmoved, before, value)
+    return value.astype(g0.dtype)
 
 
 def _at(dense: Y, theta: Scalar) -> Y:
@@ -298,13 +343,15 @@ def _illinois(g, lo: Scalar, hi: Scalar, g_lo: Scalar, g_hi: Scalar, tol: Scalar
     return a
 
 
-def _implicit_root(g: Callable[[Scalar], Scalar], theta: Scalar, found: BoolScalar) -> Scalar:
+def _implicit_root(
+    g: Callable[[Scalar], Scalar], theta: Scalar, found: BoolScalar
+) -> tuple[Scalar, Scalar]:
     """`theta` (a root of `g`, found without derivatives), with the derivatives of the implicit
     function theorem: `d theta = -(dg at fixed theta) / g'(theta)`, through a term whose value
-    is zero. First derivatives only; `0` where nothing was `found`."""
+    is zero. First derivatives only; `0` where nothing was `found`. Also returns `g(theta)`."""
     theta = jax.lax.stop_gradient(theta)
     value = g(theta)
     slope = jax.lax.stop_gradient(jax.jvp(g, (theta,), (jnp.ones_like(theta),))[1])
     slope = jnp.where(found, slope, 1)
     moved = (value - jax.lax.stop_gradient(value)) / slope
-    return theta - jnp.where(found, moved, 0).astype(theta.dtype)
+    return theta - jnp.where(found, moved, 0).astype(theta.dtype), value

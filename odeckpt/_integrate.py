@@ -113,7 +113,7 @@ class IntegrationLoop(eqx.Module):
         crossing = None
         if self.events is not None:
             crossing = self.events.locate(
-                t0, t1, state.y, step.y1, step.dense, self.args,
+                t0, t1, state.y, step.y1, step.dense, self.args, state.events,
                 None if recorded is None else recorded.event,
             )  # fmt: skip
             reached = reached.at_event(crossing, accept)
@@ -277,7 +277,7 @@ class IntegrationLoop(eqx.Module):
             controller_state=controller_state,
             counts=LoopState.increments(save_index=saved),
             status=Status.where(all_finite(y0), status, Status.nonfinite_y0),
-            events=None if self.events is None else EventState.make(len(self.events.events)),
+            events=None if self.events is None else EventState.make(len(self.events.events), t0.dtype),
         )
         return state, 1 + evals
 

@@ -134,6 +134,26 @@ def test_zeno_ball_ends_with_max_jumps_reached():
         odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 10.0), args=0.5, event=event)
 
 
+@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5"])
+def test_zeno_ball_never_falls_through_the_floor(solver):
+    # e = 0.5 from h = 1: infinitely many bounces before t = sqrt(2 / G) * 3 = 1.3546. Past
+    # the resolution of t the bounces cannot be followed: the solve must say so (the default
+    # max_jumps is exhausted), never go on below the floor as if it had succeeded.
+    ball = lambda t, y, e: jnp.stack([y[1], -G * jnp.ones_like(y[1])])
+    event = odeckpt.Event(
+        lambda t, y, e: y[0], direction=-1, terminal=False,
+        update=lambda t, y, e: jnp.stack([y[0], -e * y[1]]),
+    )  # fmt: skip
+    sol = odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 1.5), args=0.5, event=event,
+                        solver=solver, rtol=1e-8, atol=1e-8, throw=False, max_steps=2048,
+                        saveat=odeckpt.SaveAt(steps=True))  # fmt: skip
+    assert sol.status == odeckpt.Status.max_jumps_reached
+    heights = np.asarray(sol.ys[:, 0])[np.isfinite(np.asarray(sol.ts))]
+    assert heights.min() > -1e-12  # at most rounding below the floor, never a fall through it
+    zeno = np.sqrt(2 / G) * 3
+    assert float(sol.ts[int(sol.stats.num_accepted_steps) - 1]) == pytest.approx(zeno, rel=1e-9)
+
+
 def test_jump_ts_are_landed_on_exactly():
     # Piecewise forcing: +1 before t = 0.5, -2 after. Exact: y(1) = 0.5 - 1 = -0.5.
     forcing = lambda t, y, args: jnp.where(t < 0.5, 1.0, -2.0) * jnp.ones_like(y)
