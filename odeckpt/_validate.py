@@ -202,6 +202,12 @@ def count(name: str, value, example: str) -> int:
     return int(value)
 
 
+def python_int(value):
+    """A NumPy integer as a Python int (a static field must hold a hashable Python value);
+    anything else as it is, for the checks to judge."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
 def concrete(x) -> np.ndarray | None:
     """The value of `x` if it is known at trace time, else `None`."""
     try:

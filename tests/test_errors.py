@@ -1,5 +1,7 @@
 """Bad input raises at call time with the fix in the message."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +65,12 @@ def test_numpy_integers_are_counts():
         adjoint=odeckpt.RecursiveCheckpointAdjoint(checkpoints=np.int32(4)),
     )  # fmt: skip
     assert sol.status == odeckpt.Status.successful
+    assert int(sol.stats.num_checkpoints) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a NumPy integer in a static field warns
+        adjoint = odeckpt.BacksolveAdjoint(checkpoints=np.int64(4), window=np.int32(8))
+    assert type(adjoint.checkpoints) is int and type(adjoint.window) is int
+    sol = odeckpt.solve(decay, y0, (0.0, 1.0), adjoint=adjoint)
     assert int(sol.stats.num_checkpoints) == 4
 
 

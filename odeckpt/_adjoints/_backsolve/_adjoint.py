@@ -16,7 +16,7 @@ from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
 from ..._steppers._implicit import AbstractImplicit, with_newton_tolerances
 from ..._steppers._rosenbrock import AbstractRosenbrock
-from ..._validate import count
+from ..._validate import count, python_int
 from .._base import AbstractAdjoint, GradientStats, RunResult
 from ._gradient import BacksolveInputs, backsolve
 from ._setup import BackwardSetup
@@ -93,10 +93,10 @@ class BacksolveAdjoint(AbstractAdjoint):
     solver: AbstractStepper | None = None
     rtol: float | None = None
     atol: float | None = None
-    checkpoints: int | None = eqx.field(default=None, static=True)
+    checkpoints: int | None = eqx.field(default=None, static=True, converter=python_int)
     seminorm: bool = eqx.field(default=True, static=True)
     reconstruct: str = eqx.field(default="auto", static=True)
-    window: int = eqx.field(default=64, static=True)
+    window: int = eqx.field(default=64, static=True, converter=python_int)
     on_backward: Callable[[dict], None] | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
