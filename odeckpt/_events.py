@@ -169,6 +169,9 @@ class EventSet(eqx.Module):
     events: tuple[Event, ...]
     time_direction: Scalar | float
 
+    def __len__(self) -> int:
+        return len(self.events)
+
     def _value(self, event: Event, tau: Scalar, y: Y, args: Args) -> Scalar:
         return event.fn(self.time_direction * tau, y, args)
 

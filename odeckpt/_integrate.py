@@ -277,7 +277,7 @@ class IntegrationLoop(eqx.Module):
             controller_state=controller_state,
             counts=LoopState.increments(save_index=saved),
             status=Status.where(all_finite(y0), status, Status.nonfinite_y0),
-            events=None if self.events is None else EventState.make(len(self.events.events), t0.dtype),
+            events=None if self.events is None else EventState.make(len(self.events), t0.dtype),
         )
         return state, 1 + evals
 
