@@ -164,7 +164,7 @@ _SCALAR_SETTINGS = (
 _EXAMPLES = dict(
     pcoeff=0.4, icoeff=0.3, dcoeff=0.0, dtmin=1e-10, dtmax=1.0, factormin=0.2, factormax=10.0,
     safety=0.9,
-)
+)  # fmt: skip
 
 
 class PIDController(AbstractController):

@@ -579,9 +579,7 @@ def test_on_backward_counts_window_solves(window):
     options = dict(reconstruct="forward", window=window)
     g, records = recorded_gradient(loss, jnp.array(0.7), options)
     resolves = math.ceil(20 / window)
-    assert [(r["num_backward_steps"], r["num_window_solves"]) for r in records] == [
-        (20, resolves)
-    ]
+    assert [(r["num_backward_steps"], r["num_window_solves"]) for r in records] == [(20, resolves)]
     np.testing.assert_allclose(g, -jnp.exp(-0.7), rtol=1e-7)
 
 
