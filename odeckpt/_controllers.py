@@ -44,6 +44,13 @@ class AbstractController(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     controller: odeckpt.AbstractController = odeckpt.PIDController(rtol=1e-4, atol=1e-6)
     sol = odeckpt.solve(f, y0, (0.0, 1.0), controller=controller)
     ```
@@ -116,6 +123,13 @@ class ConstantStep(AbstractController):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver="rk4", controller=odeckpt.ConstantStep(),
                         dt0=0.01)
     ```
@@ -193,6 +207,13 @@ class PIDController(AbstractController):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     controller = odeckpt.PIDController(rtol=1e-5, atol=1e-7, pcoeff=0.4, icoeff=0.3)
     sol = odeckpt.solve(f, y0, (0.0, 1.0), controller=controller)
     ```

@@ -196,6 +196,13 @@ class AbstractNewton(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     newton: odeckpt.AbstractNewton = odeckpt.NewtonKrylov()  # or odeckpt.Newton()
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Kvaerno5(newton=newton))
     ```

@@ -29,7 +29,11 @@ class SaveAt(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
     saveat = odeckpt.SaveAt(ts=jnp.linspace(0.0, 1.0, 11), t1=True)
+    sol = odeckpt.solve(lambda t, y, args: -y, jnp.array([1.0]), (0.0, 1.0), saveat=saveat)
     ```
     """
 

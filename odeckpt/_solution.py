@@ -49,6 +49,13 @@ class Stats(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0))
     print(sol.stats.num_steps, sol.stats.num_fn_evals, sol.stats.num_checkpoints)
     print(sol.stats["num_accepted_steps"], dict(sol.stats))
@@ -152,6 +159,13 @@ class Solution(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), saveat=odeckpt.SaveAt(ts=jnp.linspace(0.0, 1.0, 11)))
     sol.ts.shape  # (11,); each leaf of sol.ys has shape (11, *leaf_of_y0.shape)
     ```

@@ -37,6 +37,13 @@ class Status(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), max_steps=2, throw=False)
     ran_out = sol.status == odeckpt.Status.max_steps_reached  # a bool array: True here
     print(sol.status)  # Status.max_steps_reached

@@ -47,6 +47,13 @@ class AbstractAdjoint(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     adjoint: odeckpt.AbstractAdjoint = odeckpt.DirectAdjoint()  # or "direct", "recursive"
     sol = odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint)
     ```

@@ -134,8 +134,16 @@ class RecursiveCheckpointAdjoint(AbstractCheckpointedAdjoint):
     **Example:**
 
     ```python
+    import jax
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     adjoint = odeckpt.RecursiveCheckpointAdjoint(checkpoints=16)
-    grad = jax.grad(lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint).ys[-1].sum())
+    grad = jax.grad(lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint).ys[-1].sum())(y0)
     offloaded = odeckpt.RecursiveCheckpointAdjoint(
         memory_budget={"device": "1GB", "host": "32GB"}, offload="host"
     )
@@ -198,6 +206,14 @@ class DirectAdjoint(AbstractCheckpointedAdjoint):
     **Example:**
 
     ```python
+    import jax
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     adjoint = odeckpt.DirectAdjoint()  # memory grows with max_steps: keep it small
     loss = lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=adjoint, max_steps=256).ys[-1].sum()
     grad = jax.grad(loss)(y0)

@@ -13,6 +13,14 @@ class ForwardMode(AbstractAdjoint):
     **Example:**
 
     ```python
+    import jax
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     final = lambda y0: odeckpt.solve(f, y0, (0.0, 1.0), adjoint=odeckpt.ForwardMode()).ys[-1]
     jac = jax.jacfwd(final)(y0)
     ```

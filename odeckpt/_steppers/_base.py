@@ -63,6 +63,13 @@ class AbstractStepper(eqx.Module):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     stepper: odeckpt.AbstractStepper = odeckpt.Tsit5()
     state = stepper.init(f, 0.0, y0, None)
     step = stepper.step(f, 0.0, 0.1, y0, None, state)  # step.y1, step.y_error, step.state

@@ -35,6 +35,13 @@ class Bosh3(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Bosh3(), rtol=1e-4, atol=1e-6)
     ```
     """

@@ -55,6 +55,13 @@ class Euler(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Euler(),
                         controller=odeckpt.ConstantStep(), dt0=0.001)
     ```
@@ -79,6 +86,13 @@ class Heun(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Heun(), rtol=1e-4, atol=1e-6)
     ```
     """
@@ -100,6 +114,13 @@ class Midpoint(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Midpoint(),
                         controller=odeckpt.ConstantStep(), dt0=0.01)
     ```
@@ -123,6 +144,13 @@ class Ralston(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Ralston(),
                         controller=odeckpt.ConstantStep(), dt0=0.01)
     ```
@@ -147,10 +175,10 @@ class RK4(AbstractExplicitRK):
 
     ```python
     import jax.numpy as jnp
-    from odeckpt._steppers import RK4
+    import odeckpt
 
     f = lambda t, y, args: -y
-    stepper = RK4()
+    stepper = odeckpt.RK4()
     y0 = jnp.array([1.0])
     step = stepper.step(f, 0.0, 0.1, y0, None, stepper.init(f, 0.0, y0, None))
     # step.y1 ~ exp(-0.1); step.state == f(0.1, step.y1, None)

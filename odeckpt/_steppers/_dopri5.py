@@ -68,6 +68,13 @@ class Dopri5(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Dopri5(),
                         saveat=odeckpt.SaveAt(dense=True))
     y_half = sol.evaluate(0.5)

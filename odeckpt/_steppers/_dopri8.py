@@ -145,6 +145,13 @@ class Dopri8(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Dopri8(), rtol=1e-7, atol=1e-9)
     ```
     """

@@ -87,6 +87,13 @@ class Tsit5(AbstractExplicitRK):
     **Example:**
 
     ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    def f(t, y, args):
+        return -y
+
+    y0 = jnp.array([1.0, 2.0])
     sol = odeckpt.solve(f, y0, (0.0, 1.0), solver=odeckpt.Tsit5())  # the default solver
     ```
     """
