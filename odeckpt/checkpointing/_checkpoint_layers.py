@@ -153,6 +153,7 @@ def checkpoint_layers(model, where: Callable | None = None, policy: Callable | N
 
     ```python
     >>> import jax, jax.numpy as jnp, equinox as eqx
+    >>> from odeckpt.checkpointing import checkpoint_layers
     >>> keys = jax.random.split(jax.random.key(0), 4)
     >>> model = eqx.nn.Sequential([eqx.nn.Linear(8, 8, key=k) for k in keys])
     >>> loss = lambda m, x: jnp.sum(checkpoint_layers(m)(x) ** 2)

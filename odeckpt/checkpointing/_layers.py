@@ -112,6 +112,7 @@ def checkpointed_layers(
 
     ```python
     >>> import jax, jax.numpy as jnp, equinox as eqx
+    >>> from odeckpt.checkpointing import checkpointed_layers
     >>> make = lambda k: eqx.nn.Linear(8, 8, key=k)
     >>> layers = eqx.filter_vmap(make)(jax.random.split(jax.random.key(0), 100))
     >>> loss = lambda layers, x: jnp.sum(checkpointed_layers(layers, x, checkpoints=4) ** 2)

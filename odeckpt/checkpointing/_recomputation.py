@@ -33,7 +33,7 @@ def recomputed_steps(plan: Plan, num_steps) -> jax.Array:
     **Example:**
 
     ```python
-    >>> from odeckpt.checkpointing import schedules
+    >>> from odeckpt.checkpointing import recomputed_steps, schedules
     >>> plan = schedules.plan(20, 8, checkpoints=3, online=True)
     >>> [int(recomputed_steps(plan, n)) for n in (1, 5, 10, 20)]
     [0, 1, 6, 26]

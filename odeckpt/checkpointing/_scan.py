@@ -62,6 +62,7 @@ def scan_plan(
 
     ```python
     >>> import jax.numpy as jnp
+    >>> from odeckpt.checkpointing import scan_plan
     >>> p = scan_plan(lambda c, x: (c * x, c), jnp.ones(4), jnp.ones((1000, 4)))
     >>> p.regime
     'residuals'
@@ -128,6 +129,7 @@ def checkpointed_scan(
 
     ```python
     >>> import jax, jax.numpy as jnp
+    >>> from odeckpt.checkpointing import checkpointed_scan, scan_plan
     >>> def f(c, x):
     ...     c = jnp.sin(c) * x
     ...     return c, c.sum()

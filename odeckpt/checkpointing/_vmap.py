@@ -18,6 +18,7 @@ def any_lane(pred: jax.Array) -> jax.Array:
 
     ```python
     >>> import jax, jax.numpy as jnp
+    >>> from odeckpt.checkpointing import any_lane
     >>> jax.vmap(lambda p: any_lane(p) & jnp.ones((), bool))(jnp.array([True, False])).shape
     (2,)
 

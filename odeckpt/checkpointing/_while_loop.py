@@ -54,6 +54,7 @@ def while_loop_plan(
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing import while_loop_plan
     >>> body = lambda v: (v[0] * 1.1, v[1] + 1.0)
     >>> cond = lambda v: v[1] < 10.0
     >>> p = while_loop_plan(cond, body, (1.0, 0.0), max_steps=100, checkpoints=3)
@@ -170,6 +171,7 @@ def bounded_while_loop(
 
     ```python
     >>> import jax
+    >>> from odeckpt.checkpointing import bounded_while_loop, while_loop_plan
     >>> def solve(rate):  # y <- (1 + rate) y until t = 10
     ...     body = lambda v: (v[0] + rate * v[0], v[1] + 1.0)
     ...     cond = lambda v: v[1] < 10.0

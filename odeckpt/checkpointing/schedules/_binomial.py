@@ -26,6 +26,7 @@ def binomial(s: int, r: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import binomial
     >>> binomial(3, 2)
     10
 
@@ -64,6 +65,7 @@ def optimal_cost(n: int, c: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import optimal_cost
     >>> optimal_cost(10, 3), optimal_cost(10, 10), optimal_cost(10, 1)
     (15, 9, 45)
 
@@ -87,6 +89,7 @@ def split(length: int, snapshots: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import split
     >>> split(10, 3), split(10, 10), split(10, 1)
     (4, 1, 9)
 
@@ -109,6 +112,7 @@ def binomial_table(c: int, length: int, *, repetitions: int | None = None) -> np
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import binomial_table
     >>> binomial_table(3, 100, repetitions=2)
     array([[ 1,  1,  1,  1],
            [ 1,  2,  3,  4],
@@ -138,6 +142,7 @@ class BinomialTable:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import BinomialTable, binomial_table
     >>> table = BinomialTable(binomial_table(4, 100))
     >>> int(table.repetition_number(10, 3)), int(table.split(10, 3))
     (2, 4)

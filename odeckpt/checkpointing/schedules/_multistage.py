@@ -33,6 +33,7 @@ def segment_cost(length: int, checkpoints: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import segment_cost
     >>> segment_cost(10, 3), segment_cost(1, 3), segment_cost(0, 3)
     (15, 0, 0)
 
@@ -48,6 +49,7 @@ def host_slots(steps: int, segment: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import host_slots
     >>> host_slots(1000, 100), host_slots(1001, 100)
     (10, 11)
 
@@ -70,6 +72,7 @@ def offload_cost(n: int, segment: int, checkpoints: int) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import offload_cost
     >>> offload_cost(1000, 100, 4), offload_cost(1000, 1, 1)
     (4734, 999)
 
@@ -89,7 +92,8 @@ def offload_recomputations(table: BinomialTable, n, segment: int, checkpoints: i
     **Example:**
 
     ```python
-    >>> from odeckpt.checkpointing.schedules import BinomialTable, offline_schedule
+    >>> from odeckpt.checkpointing.schedules import (
+    ...     BinomialTable, offline_schedule, offload_cost, offload_recomputations)
     >>> table = BinomialTable(offline_schedule(100, 4).binomials)
     >>> int(offload_recomputations(table, 1000, 100, 4)) == offload_cost(1000, 100, 4) - 999
     True

@@ -53,6 +53,7 @@ def offline_schedule(n: int, c: int) -> OfflineSchedule:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import offline_schedule
     >>> offline_schedule(10, 3).positions()
     (0, 4, 7)
 

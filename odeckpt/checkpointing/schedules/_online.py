@@ -199,6 +199,7 @@ def online_schedule(max_steps: int, c: int) -> OnlineSchedule:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import online_schedule
     >>> s = online_schedule(20, 3)
     >>> s.positions(10), s.positions(20)
     ((0, 4, 7), (0, 10, 16))

@@ -42,6 +42,7 @@ def parse_memory(budget: int | str) -> int:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import parse_memory
     >>> parse_memory("2GB"), parse_memory("512MiB"), parse_memory(4096)
     (2000000000, 536870912, 4096)
 
@@ -101,6 +102,7 @@ class Plan:
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import plan
     >>> p = plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB")
     >>> p.regime, p.checkpoints, p.forward_steps
     ('binomial', 16, 44015)
@@ -189,6 +191,7 @@ def plan(
     **Example:**
 
     ```python
+    >>> from odeckpt.checkpointing.schedules import plan
     >>> print(plan(10_000, snapshot_bytes=2**20, memory_budget="16MiB"))
     Plan(binomial: 10000 steps, 16 snapshots, 16 MiB, 44015 forward steps)
     >>> p = plan(10_000, 2**20, memory_budget={"device": "4MiB", "host": "1GiB"}, offload="host")

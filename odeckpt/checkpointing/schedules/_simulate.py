@@ -44,7 +44,7 @@ def simulate(schedule: Schedule, n: int, *, record: bool = False) -> Simulation:
     **Example:**
 
     ```python
-    >>> from odeckpt.checkpointing.schedules import offline_schedule, optimal_cost
+    >>> from odeckpt.checkpointing.schedules import offline_schedule, optimal_cost, simulate
     >>> sim = simulate(offline_schedule(10, 3), 10)
     >>> sim.forward_steps == optimal_cost(10, 3), sim.peak_snapshots
     (True, 3)
@@ -76,7 +76,7 @@ def simulate_offload(n: int, segment: int, checkpoints: int, *, record: bool = F
     **Example:**
 
     ```python
-    >>> from odeckpt.checkpointing.schedules import offload_cost
+    >>> from odeckpt.checkpointing.schedules import offload_cost, simulate_offload
     >>> sim = simulate_offload(1000, 100, 4)
     >>> sim.forward_steps == offload_cost(1000, 100, 4), sim.peak_snapshots
     (True, 4)
