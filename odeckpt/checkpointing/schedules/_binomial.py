@@ -44,6 +44,21 @@ def repetition_number(n: int, c: int) -> int:
 
     - `n`: number of steps, `n >= 1`.
     - `c`: number of snapshots (counting the slot that holds the initial state), `c >= 1`.
+
+    **Returns:**
+
+    `r`: the most times Revolve's optimal schedule advances any one step, the first sweep
+    included (`n - 1` for a single snapshot).
+
+    **Example:**
+
+    ```python
+    >>> from odeckpt.checkpointing.schedules import binomial, repetition_number
+    >>> binomial(3, 2), repetition_number(10, 3), repetition_number(11, 3)
+    (10, 2, 3)
+    >>> repetition_number(10, 1)
+    9
+    ```
     """
     _check(n, c)
     if c == 1:

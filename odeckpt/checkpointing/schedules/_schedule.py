@@ -36,6 +36,21 @@ class Schedule(abc.ABC):
     `online`: whether the schedule is valid for every stopping step (while loops) or for its
     length only (scans). The reverse sweep needs nothing else: it sorts the stored positions
     and reverses segment by segment with `split` (see `simulate`), computed from `binomials`.
+
+    **Example:**
+
+    ```python
+    >>> from odeckpt.checkpointing.schedules import Schedule, offline_schedule
+    >>> s = offline_schedule(10, 3)
+    >>> isinstance(s, Schedule), s.checkpoints, s.steps, s.online
+    (True, 3, 10, False)
+    >>> state, stores = s.start(), []
+    >>> while state.position < s.steps:
+    ...     stores.append((int(state.position), int(state.slot)))
+    ...     state = s.advance(state)
+    >>> stores, s.positions()  # (position, slot); slot 0 holds position 0
+    ([(4, 1), (7, 2)], (0, 4, 7))
+    ```
     """
 
     checkpoints: int

@@ -23,6 +23,19 @@ class Simulation:
     - `actions`: the reverse sweep as a list of `("restore", pos)`, `("store", pos)`,
         `("advance", pos)` and `("reverse", pos)` (and `("load", pos)`, a copy from host
         memory, for `simulate_offload`), only when `record=True`.
+
+    **Example:**
+
+    ```python
+    >>> from odeckpt.checkpointing.schedules import offline_schedule, simulate
+    >>> sim = simulate(offline_schedule(10, 3), 10)
+    >>> sim.steps, sim.forward_steps, sim.step_evaluations, sim.peak_snapshots
+    (10, 15, 26, 3)
+    >>> sim.reversal_order[:3]
+    (9, 8, 7)
+    >>> simulate(offline_schedule(4, 2), 4, record=True).actions[:2]
+    (('reverse', 3), ('restore', 2))
+    ```
     """
 
     steps: int
