@@ -64,6 +64,17 @@ def compiled_memory(fn: Callable, *args) -> CompiledMemory:
     held static, as with `equinox.filter_jit`. Use it for a gradient or any transformed function
     built by hand; `memory_report` measures a loss and its gradient together.
 
+    **Arguments:**
+
+    - `fn`: the function to compile, called as `fn(*args)`.
+    - `*args`: its arguments: array leaves are traced, with their shapes and dtypes; other
+        leaves are static.
+
+    **Returns:**
+
+    A `CompiledMemory`: the bytes XLA reserves on the default device for the compiled
+    `fn(*args)` (`temp`, `argument`, `output`, `alias`, `generated_code`, and `total`).
+
     **Example:**
 
     ```python

@@ -58,6 +58,20 @@ def scan_plan(
     Pass it to `checkpointed_scan(f, init, xs, length, plan=...)` to plan once (the plan traces
     the step's VJP to size its residuals).
 
+    **Arguments:**
+
+    - `f`, `init`, `xs`, `length`: as `lax.scan` (`length >= 1`); `f` is traced with
+        `jax.eval_shape` only, never run.
+    - `checkpoints`, `memory_budget`, `offload`: as `checkpointed_scan`, which describes the
+        defaults. With `offload="host"`, raises a `ValueError` on a backend without host
+        memory.
+
+    **Returns:**
+
+    A `Plan`: the regime (`"residuals"`, `"states"` or `"binomial"`), the number of
+    snapshots, the predicted memory and forward steps, and with `offload` the host level
+    (`segment`, `host_checkpoints`, `transfers`).
+
     **Example:**
 
     ```python

@@ -14,6 +14,16 @@ def any_lane(pred: jax.Array) -> jax.Array:
     instead of becoming selects that evaluate both branches. Nested `vmap`s reduce level by
     level.
 
+    **Arguments:**
+
+    - `pred`: a boolean scalar, such as a while loop's predicate.
+
+    **Returns:**
+
+    `pred` itself outside `vmap`. Under `vmap` with `pred` batched, `jnp.any` of `pred` over
+    the mapped axis, unbatched (it broadcasts back to the lanes where combined with batched
+    values); with `pred` unbatched, `pred`.
+
     **Example:**
 
     ```python

@@ -51,6 +51,23 @@ def while_loop_plan(
     when the plan may store every step's residuals, to size them (with `memory_budget`, or
     `online=False` without `checkpoints`); `bounded_while_loop` checks what they return.
 
+    **Arguments:**
+
+    - `cond_fun`, `body_fun`, `init_val`, `max_steps`: as `bounded_while_loop` (`max_steps`:
+        static bound `>= 1`, the number of positions the schedule covers).
+    - `checkpoints`, `memory_budget`, `online`, `offload`: the budget, as
+        `bounded_while_loop`. With `offload="host"`, raises a `ValueError` on a backend
+        without host memory.
+    - `outputs`, `snapshot`, `record_decisions`: as `bounded_while_loop`: `snapshot` sets
+        what one snapshot holds (and so its bytes), `record_decisions` and `outputs` what
+        `body_fun` returns.
+
+    **Returns:**
+
+    A `Plan` with `steps = max_steps` and `online` as given: the regime, the number of
+    snapshots, the predicted memory and forward steps at `max_steps`, and with `offload` the
+    host level (`segment`, `host_checkpoints`, `transfers`).
+
     **Example:**
 
     ```python

@@ -39,6 +39,18 @@ _LEVELS = ("device", "host")
 def parse_memory(budget: int | str) -> int:
     """Bytes from an int or a string such as `"2GB"`, `"512MiB"` or `"1.5 GiB"`.
 
+    **Arguments:**
+
+    - `budget`: a positive int number of bytes, or a string: a number followed by a unit,
+        case-insensitive, spaces allowed: `B`, decimal `KB`, `MB`, `GB`, `TB` (powers of
+        1000) or binary `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024); no unit means bytes.
+
+    **Returns:**
+
+    The number of bytes, an int (rounded down). Raises a `ValueError` for a string it cannot
+    parse or a value that is not positive, and a `TypeError` for another type (a `bool`
+    included).
+
     **Example:**
 
     ```python
