@@ -21,6 +21,7 @@ MODULES = [
     "odeckpt.checkpointing.schedules._online",
     "odeckpt.checkpointing.schedules._ops",
     "odeckpt.checkpointing.schedules._planner",
+    "odeckpt.checkpointing.schedules._schedule",
     "odeckpt.checkpointing.schedules._simulate",
 ]
 

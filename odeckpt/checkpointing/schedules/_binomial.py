@@ -58,6 +58,7 @@ def repetition_number(n: int, c: int) -> int:
     (10, 2, 3)
     >>> repetition_number(10, 1)
     9
+
     ```
     """
     _check(n, c)

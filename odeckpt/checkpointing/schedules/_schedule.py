@@ -50,6 +50,7 @@ class Schedule(abc.ABC):
     ...     state = s.advance(state)
     >>> stores, s.positions()  # (position, slot); slot 0 holds position 0
     ([(4, 1), (7, 2)], (0, 4, 7))
+
     ```
     """
 

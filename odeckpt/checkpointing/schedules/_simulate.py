@@ -35,6 +35,7 @@ class Simulation:
     (9, 8, 7)
     >>> simulate(offline_schedule(4, 2), 4, record=True).actions[:2]
     (('reverse', 3), ('restore', 2))
+
     ```
     """
 
