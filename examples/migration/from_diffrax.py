@@ -1,6 +1,7 @@
 """A diffrax neural ODE and its odeckpt port: the same loss and gradient.
 
-Run: python examples/migration/from_diffrax.py (under a minute on 2 CPU cores, most of it compiling; float64).
+Run: python examples/migration/from_diffrax.py
+(under a minute on 2 CPU cores, most of it compiling; float64).
 """
 
 import diffrax

@@ -1,6 +1,7 @@
 """scipy's `solve_ivp` on Robertson's stiff chemistry, and its odeckpt port: the same solution.
 
-Run: python examples/migration/from_scipy.py (under a minute on 2 CPU cores, most of it compiling; float64).
+Run: python examples/migration/from_scipy.py
+(under a minute on 2 CPU cores, most of it compiling; float64).
 """
 
 import jax

@@ -1,7 +1,8 @@
 """A torchdiffeq solve and gradient (in the comments below; PyTorch is not needed) and its odeckpt
 port, checked against the exact solution of a linear ODE.
 
-Run: python examples/migration/from_torchdiffeq.py (under a minute on 2 CPU cores, most of it compiling; float64).
+Run: python examples/migration/from_torchdiffeq.py
+(under a minute on 2 CPU cores, most of it compiling; float64).
 """
 
 import jax
