@@ -51,7 +51,7 @@ odeckpt_ys = sol.ys  # (times, components)
 # --8<-- [end:odeckpt]
 
 relative = np.abs(odeckpt_ys - scipy_ys) / (np.abs(scipy_ys) + np.array(atol))
-print(f"scipy {scipy_sol.nfev} f evaluations; "
-      f"odeckpt {int(sol.stats['num_steps'])} steps, {int(sol.stats['nfev'])} f evaluations")  # fmt: skip
+steps, nfev = int(sol.stats["num_steps"]), int(sol.stats["nfev"])
+print(f"scipy {scipy_sol.nfev} f evaluations; odeckpt {steps} steps, {nfev} f evaluations")
 print(f"largest difference relative to the solution (plus atol): {relative.max():.1e}")
 assert relative.max() < 1e-3
