@@ -9,6 +9,7 @@ so every adjoint that differentiates the discrete solve differentiates the event
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -311,6 +312,20 @@ def restrict(dense: Y, theta: Scalar) -> Y:
     return jax.tree.map(leaf, dense)
 
 
+class _Bracket(NamedTuple):
+    """The carry of `_illinois`: the bracket `[lo, hi]` and `g` at its ends, which end the last
+    step kept (`1`: `lo`, `-1`: `hi`, `0`: none yet), the width recorded every second
+    iteration (to bisect when two steps have not halved it), and the iterations taken."""
+
+    lo: Scalar
+    hi: Scalar
+    g_lo: Scalar
+    g_hi: Scalar
+    kept: IntScalar
+    width_before: Scalar
+    num_iterations: IntScalar
+
+
 def _illinois(g, lo: Scalar, hi: Scalar, g_lo: Scalar, g_hi: Scalar, tol: Scalar) -> Scalar:
     """The last point before `g` changes sign in `[lo, hi]` (where `g_lo` has the old sign,
     non-zero, and `g_hi` the new one or zero), to within `tol`: the Illinois variant of regula
@@ -318,32 +333,29 @@ def _illinois(g, lo: Scalar, hi: Scalar, g_lo: Scalar, g_hi: Scalar, tol: Scalar
     lo, hi, g_lo, g_hi, tol = jax.lax.stop_gradient((lo, hi, g_lo, g_hi, tol))
     old = jnp.sign(g_lo)
 
-    def cond(c):
-        a, b, _, _, _, _, i = c
-        return (b - a > tol) & (i < MAX_ROOT_ITERATIONS)
+    def cond(c: _Bracket) -> BoolScalar:
+        return (c.hi - c.lo > tol) & (c.num_iterations < MAX_ROOT_ITERATIONS)
 
-    def body(c):
-        a, b, ga, gb, last, width_before, i = c
-        width = b - a
-        falsi = b - gb * width / jnp.where(gb != ga, gb - ga, 1)
-        bisect = width > 0.5 * width_before
-        m = jnp.where(bisect, a + 0.5 * width, falsi)
+    def body(c: _Bracket) -> _Bracket:
+        width = c.hi - c.lo
+        falsi = c.hi - c.g_hi * width / jnp.where(c.g_hi != c.g_lo, c.g_hi - c.g_lo, 1)
+        bisect = width > 0.5 * c.width_before
+        m = jnp.where(bisect, c.lo + 0.5 * width, falsi)
         # At least half a tolerance inside, so that the bracket closes on the root.
-        m = jnp.clip(m, a + 0.5 * tol, b - 0.5 * tol)
+        m = jnp.clip(m, c.lo + 0.5 * tol, c.hi - 0.5 * tol)
         gm = jax.lax.stop_gradient(g(m))
         past = gm * old <= 0
         # Illinois: an end kept twice in a row has its value halved.
-        ga = jnp.where(past, jnp.where(last == 1, 0.5 * ga, ga), gm)
-        gb = jnp.where(past, gm, jnp.where(last == -1, 0.5 * gb, gb))
-        a, b = jnp.where(past, a, m), jnp.where(past, m, b)
-        width_before = jnp.where(i % 2 == 1, width, width_before)
-        last = jnp.where(past, 1, -1).astype(jnp.int32)
-        return a, b, ga, gb, last, width_before, i + 1
+        g_lo = jnp.where(past, jnp.where(c.kept == 1, 0.5 * c.g_lo, c.g_lo), gm)
+        g_hi = jnp.where(past, gm, jnp.where(c.kept == -1, 0.5 * c.g_hi, c.g_hi))
+        lo, hi = jnp.where(past, c.lo, m), jnp.where(past, m, c.hi)
+        width_before = jnp.where(c.num_iterations % 2 == 1, width, c.width_before)
+        kept = jnp.where(past, 1, -1).astype(jnp.int32)
+        return _Bracket(lo, hi, g_lo, g_hi, kept, width_before, c.num_iterations + 1)
 
     zero = jnp.zeros((), jnp.int32)
-    init = (lo, hi, g_lo, g_hi, zero, 2 * (hi - lo), zero)
-    a, *_ = jax.lax.while_loop(cond, body, init)
-    return a
+    init = _Bracket(lo, hi, g_lo, g_hi, kept=zero, width_before=2 * (hi - lo), num_iterations=zero)
+    return jax.lax.while_loop(cond, body, init).lo
 
 
 def _implicit_root(

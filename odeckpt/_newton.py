@@ -21,6 +21,7 @@ methods: a survey", *J. Comput. Phys.* 193 (2004), 357-397.
 import abc
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -183,6 +184,20 @@ class Prepared(eqx.Module):
     """The factors behind `solve` (a `ShiftedLU`; `None` for a matrix-free method)."""
 
 
+class _NewtonCarry(NamedTuple):
+    """The carry of `AbstractNewton._iterate`: the iterate `z`, the iterations taken, the norm
+    of the last increment, `eta`, the largest contraction factor so far, and whether the
+    iteration has converged or diverged."""
+
+    z: Array
+    num_iterations: IntScalar
+    last_size: Scalar
+    eta: Scalar
+    rate: Scalar
+    converged: BoolScalar
+    diverged: BoolScalar
+
+
 class AbstractNewton(eqx.Module):
     """A Newton method for the implicit stages of `odeckpt` steppers.
 
@@ -303,12 +318,12 @@ class AbstractNewton(eqx.Module):
         count = stage.num_components()
         norm = lambda d: jnp.sqrt(jnp.sum(jnp.abs(d / scale) ** 2) / count)
 
-        def cond(carry):
-            _, k, _, _, _, done, diverged = carry
-            return ~done & ~diverged & (k < self.max_iters)
+        def cond(carry: _NewtonCarry) -> BoolScalar:
+            running = ~carry.converged & ~carry.diverged
+            return running & (carry.num_iterations < self.max_iters)
 
-        def body(carry):
-            z, k, previous, eta, rate, _, _ = carry
+        def body(carry: _NewtonCarry) -> _NewtonCarry:
+            z, k, previous = carry.z, carry.num_iterations, carry.last_size
             dz = prepared.solve(-stage.residual(z))
             size = norm(dz)
             first = k == 0
@@ -317,20 +332,27 @@ class AbstractNewton(eqx.Module):
             # An increment at the rounding level of z is converged, whatever the tolerance asks
             # (e.g. atol below float32 precision); its contraction rate is noise.
             rounding = size <= norm(10 * eps * stage.modulus(z))
-            done = (eta * size <= self.kappa) | rounding
+            converged = (eta * size <= self.kappa) | rounding
             remaining = self.max_iters - 1 - k
             too_slow = theta**remaining / jnp.where(theta < 1, 1 - theta, 1.0) * size > self.kappa
-            diverged = ~done & ((~first & ((theta >= 1) | too_slow)) | ~jnp.isfinite(size))
-            return z + dz, k + 1, size, eta, jnp.maximum(rate, theta), done, diverged
+            diverged = ~converged & ((~first & ((theta >= 1) | too_slow)) | ~jnp.isfinite(size))
+            return _NewtonCarry(
+                z + dz, k + 1, size, eta, jnp.maximum(carry.rate, theta), converged, diverged
+            )
 
         zero = jnp.zeros((), scale.dtype)
         skip = jnp.asarray(skip)
-        carry = (guess, jnp.zeros((), jnp.int32), zero, eta0, zero, jnp.zeros_like(skip), skip)
-        z, k, size, eta, rate, done, _ = jax.lax.while_loop(cond, body, carry)
-        nonfinite = ~done & ~jnp.isfinite(size)
-        return z, Iteration(
-            converged=done, rate=rate, eta=eta, num_iterations=k, nonfinite=nonfinite
-        )
+        # A skipped iteration starts as diverged: it takes no iteration and fails.
+        carry = _NewtonCarry(
+            z=guess, num_iterations=jnp.zeros((), jnp.int32), last_size=zero, eta=eta0,
+            rate=zero, converged=jnp.zeros_like(skip), diverged=skip,
+        )  # fmt: skip
+        final = jax.lax.while_loop(cond, body, carry)
+        nonfinite = ~final.converged & ~jnp.isfinite(final.last_size)
+        return final.z, Iteration(
+            converged=final.converged, rate=final.rate, eta=final.eta,
+            num_iterations=final.num_iterations, nonfinite=nonfinite,
+        )  # fmt: skip
 
 
 @eqx.filter_custom_jvp

@@ -2,15 +2,17 @@
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from .._newton import AbstractNewton, FlatField, Jacobian, Stage
 from .._real_coordinates import RealCoordinates
-from .._types import Args, BoolScalar, Scalar, VectorField, Y
+from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._implicit import AbstractImplicit
 from ._implicit_tableau import ESDIRKTableau
@@ -49,6 +51,20 @@ class ImplicitState(eqx.Module):
         """The state to keep when an attempt from this point is rejected: the same `f`, the
         cache to carry on rejection, and `eta` (1 after a failed iteration)."""
         return ImplicitState(self.f, cache, jnp.where(failed, 1.0, eta).astype(eta.dtype))
+
+
+class _StageCarry(NamedTuple):
+    """The carry of `AbstractESDIRK.step`'s scan over the implicit stages: the stage
+    derivatives `k_i` (flat, one row each), the last stage's `eta`, whether any stage's Newton
+    iteration failed or met a non-finite value, the largest contraction rate, and the Newton
+    iterations taken (one evaluation of `f` each)."""
+
+    ks: Array
+    eta: Scalar
+    failed: BoolScalar
+    nonfinite: BoolScalar
+    rate: Scalar
+    num_fn_evals: IntScalar
 
 
 class AbstractESDIRK(AbstractImplicit):
@@ -110,9 +126,8 @@ class AbstractESDIRK(AbstractImplicit):
         ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(field.ravel(state.f))
 
         # The implicit stages as one scan (traced once, not once per stage: compile time).
-        def stage(carry, i):
-            ks, eta, failed, nonfinite, rate, evals = carry
-            hk = jnp.asarray(h, dtype) * ks
+        def stage(carry: _StageCarry, i) -> tuple[_StageCarry, Array]:
+            hk = jnp.asarray(h, dtype) * carry.ks
             base = y0_flat + jnp.asarray(tableau.a, dtype)[i] @ hk
             guess = base + jnp.asarray(tableau.gamma, dtype) * (
                 jnp.asarray(tableau.predictor, dtype)[i] @ hk
@@ -120,41 +135,42 @@ class AbstractESDIRK(AbstractImplicit):
             c = jnp.asarray(tableau.c, t0.dtype)[i]
             t = jnp.where(c == 1, t1, t0 + c * h)
             # After a failed stage the step is retried shorter: the rest are not worth solving.
+            system = Stage(field, t, hg, base, args)
             z, info = newton.solve(
-                jacobian, Stage(field, t, hg, base, args), guess, prepared, scale, eta, failed
+                jacobian, system, guess, prepared, scale, carry.eta, carry.failed
             )
-            ks = ks.at[i].set((z - base) / safe_hg)
-            rate = jnp.maximum(rate, info.rate)
-            evals = evals + info.num_iterations
-            failed, nonfinite = failed | ~info.converged, nonfinite | info.nonfinite
-            return (ks, info.eta, failed, nonfinite, rate, evals), z
+            ks = carry.ks.at[i].set((z - base) / safe_hg)
+            rate = jnp.maximum(carry.rate, info.rate)
+            evals = carry.num_fn_evals + info.num_iterations
+            failed, nonfinite = carry.failed | ~info.converged, carry.nonfinite | info.nonfinite
+            return _StageCarry(ks, info.eta, failed, nonfinite, rate, evals), z
 
-        init = (
-            ks,
-            state.eta,
-            jnp.array(False),
-            jnp.array(False),
-            jnp.zeros_like(state.eta),
-            jnp.zeros((), jnp.int32),
+        init = _StageCarry(
+            ks=ks,
+            eta=state.eta,
+            failed=jnp.array(False),
+            nonfinite=jnp.array(False),
+            rate=jnp.zeros_like(state.eta),
+            num_fn_evals=jnp.zeros((), jnp.int32),
         )
-        (ks, eta, failed, nonfinite, rate, evals), zs = jax.lax.scan(stage, init, jnp.arange(1, s))
+        stages, zs = jax.lax.scan(stage, init, jnp.arange(1, s))
         z = zs[-1]
         # The error estimate and the dense output's powers of theta as one matrix product
         # (fewer operations to trace and compile than a sum per weight).
         weights = jnp.asarray(np.stack([tableau.b_error, *tableau.dense_weights]), dtype)
-        combined = weights @ (jnp.asarray(h, dtype) * ks)
+        combined = weights @ (jnp.asarray(h, dtype) * stages.ks)
         y_error = combined[0]
         dense = jax.vmap(field.unravel)(jnp.concatenate([y0_flat[None], combined[1:]]))
-        on_accept, on_reject = newton.next_caches(prepared.cache, failed, rate)
+        on_accept, on_reject = newton.next_caches(prepared.cache, stages.failed, stages.rate)
         return Step(
             y1=field.unravel(z),
             y_error=field.unravel(y_error),
             dense=dense,
-            state=ImplicitState(f=field.unravel(ks[-1]), cache=on_accept, eta=eta),
-            state_on_reject=state.rejected(on_reject, failed, eta),
-            failed=failed,
-            nonfinite=nonfinite,
+            state=ImplicitState(f=field.unravel(stages.ks[-1]), cache=on_accept, eta=stages.eta),
+            state_on_reject=state.rejected(on_reject, stages.failed, stages.eta),
+            failed=stages.failed,
+            nonfinite=stages.nonfinite,
             num_jacobian_evals=prepared.num_jacobian_evals,
             num_lu_factorisations=prepared.num_lu_factorisations,
-            num_fn_evals=evals,
+            num_fn_evals=stages.num_fn_evals,
         )

@@ -2,6 +2,8 @@
 stop (`_stops`): with `y` integrated backwards beside the adjoint, or read from forward
 re-solves."""
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -96,25 +98,51 @@ class Backward(eqx.Module):
         return self.stops.apply(j, self.loop.stepper, self.problem, self.diff, y, a, g)
 
 
+class _AugmentedCarry(NamedTuple):
+    """The carry of `solve_backwards`: the next stop (its place in `Stops.order`), the backward
+    time `s = -t` reached, the augmented state `(y, a, g)` there, the step size to go on with,
+    and the stats so far."""
+
+    next_stop: jax.Array
+    s: jax.Array
+    z: tuple
+    dt: jax.Array
+    stats: BackwardStats
+
+
 def solve_backwards(backward: Backward, z) -> tuple:
     """Integrate the augmented system `z = (y, a, g)` from the final time back to `t0`,
     stopping at every stop (in decreasing time) to re-anchor `y` and add the jumps. Returns
     `(a, g)` at `t0` and the `BackwardStats`."""
     problem, diff, stops = backward.problem, backward.diff, backward.stops
 
-    def body(carry):
-        i, s, z, dt, stats = carry
-        j = stops.order[i]
-        s_stop = jnp.maximum(-stops.times[j], s)
-        z, dt, segment = backward.segment(problem.augmented, diff, s, s_stop, z, dt)
+    def body(carry: _AugmentedCarry) -> _AugmentedCarry:
+        j = stops.order[carry.next_stop]
+        s_stop = jnp.maximum(-stops.times[j], carry.s)
+        z, dt, segment = backward.segment(
+            problem.augmented, diff, carry.s, s_stop, carry.z, carry.dt
+        )
         z = backward.apply(j, *z)
-        return i + 1, s_stop, z, dt, stats.add(segment)
+        return _AugmentedCarry(carry.next_stop + 1, s_stop, z, dt, carry.stats.add(segment))
 
     s0 = -backward.final.t
     dt = backward.first_dt(problem.augmented, s0, z, diff)
-    carry = (jnp.zeros((), jnp.int32), s0, z, dt, BackwardStats.none())
-    _, _, z, _, stats = jax.lax.while_loop(lambda c: c[0] < stops.count, body, carry)
-    return z[1:], stats
+    carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, BackwardStats.none())
+    done = jax.lax.while_loop(lambda c: c.next_stop < stops.count, body, carry)
+    return done.z[1:], done.stats
+
+
+class _AdjointCarry(NamedTuple):
+    """The carry of `solve_with_forward_states`: the next stop (its place in `Stops.order`),
+    the time `tau` reached, `(a, g)` there, the step size to go on with, the window of forward
+    states held, and the stats so far."""
+
+    next_stop: jax.Array
+    tau: jax.Array
+    a_g: tuple
+    dt: jax.Array
+    window: Window
+    stats: BackwardStats
 
 
 def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a_g) -> tuple:
@@ -140,9 +168,9 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
     def keep(window):
         return lambda tau: (window, jnp.array(True))
 
-    def body(carry):
-        i, tau, a_g, dt, window, stats = carry
-        j = stops.order[i]
+    def body(carry: _AdjointCarry) -> _AdjointCarry:
+        tau, window = carry.tau, carry.window
+        j = stops.order[carry.next_stop]
         tau_stop = jnp.minimum(stops.times[j], tau)
         needed = (window.start >= tau) & (tau > tau_stop)
         window, ok_window = jax.lax.cond(needed, refill, keep(window), tau)
@@ -151,18 +179,20 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
         # (its start `inf`), and the segment is empty.
         tau_end = jnp.minimum(jnp.maximum(tau_stop, window.start), tau)
         a_g, dt, segment = backward.segment(problem.adjoint, (diff, window), -tau, -tau_end,
-                                            a_g, dt)  # fmt: skip
+                                            carry.a_g, carry.dt)  # fmt: skip
         reached = tau_end <= tau_stop
         _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
         window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
-        return i + reached, tau_end, (a, g), dt, window, stats.add(segment).add(window_stats)
+        next_stop = carry.next_stop + reached
+        stats = carry.stats.add(segment).add(window_stats)
+        return _AdjointCarry(next_stop, tau_end, (a, g), dt, window, stats)
 
     tau1 = final.t
     window = Window.empty(setup.window_loop(loop, problem, diff, tau1), tau1, final.y,
                           setup.window)  # fmt: skip
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
     dt = backward.first_dt(problem.adjoint_at(final.y), -tau1, a_g, diff)
-    carry = (zero, tau1, a_g, dt, window, BackwardStats.none())
-    cond = lambda c: (c[0] < stops.count) & c[5].succeeded
-    _, _, a_g, _, _, stats = jax.lax.while_loop(cond, body, carry)
-    return a_g, stats
+    carry = _AdjointCarry(zero, tau1, a_g, dt, window, BackwardStats.none())
+    cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
+    done = jax.lax.while_loop(cond, body, carry)
+    return done.a_g, done.stats

@@ -82,6 +82,14 @@ class _Arguments(NamedTuple):
     outputs: Outputs
     setup: BackwardSetup
 
+    @classmethod
+    def of(cls, inputs: BacksolveInputs, setup: BackwardSetup | None) -> "_Arguments":
+        return cls(inputs.loop, inputs.init, inputs.outputs, setup)
+
+    @property
+    def inputs(self) -> BacksolveInputs:
+        return BacksolveInputs(self.loop, self.init, self.outputs)
+
 
 FORWARD_MODE_ERROR = (
     "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
@@ -93,23 +101,22 @@ FORWARD_MODE_ERROR = (
 def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, checkpoints: int | None):
     """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
     by solving the adjoint equations backwards (forward mode raises, naming the fix)."""
-    arrays, static = eqx.partition(_Arguments(*inputs, setup), eqx.is_array)
+    arrays, static = eqx.partition(_Arguments.of(inputs, setup), eqx.is_array)
     whole = lambda arrays: eqx.combine(arrays, static)
-    inputs_of = lambda arguments: BacksolveInputs(*arguments[:3])
 
     def sweeps() -> Sweeps:
         def forward(arrays: _Arguments):
-            final, outputs, stored = _forward(inputs_of(whole(arrays)), checkpoints)
+            final, outputs, stored = _forward(whole(arrays).inputs, checkpoints)
             return (final, outputs), (final, outputs, stored)
 
         def reverse(arrays: _Arguments, saved, ct_out, want: _Arguments) -> _Arguments:
             arguments = whole(arrays)
-            ct = _reverse(inputs_of(arguments), saved, ct_out, want, arguments.setup)
-            return _Arguments(*ct, None)
+            ct = _reverse(arguments.inputs, saved, ct_out, want, arguments.setup)
+            return _Arguments.of(ct, None)
 
         return Sweeps(forward, reverse)
 
-    primal = lambda arrays: _forward(inputs_of(whole(arrays)), checkpoints)[:2]
+    primal = lambda arrays: _forward(whole(arrays).inputs, checkpoints)[:2]
     return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
 
 
