@@ -9,6 +9,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from selection import slow_unless
 
 import odeckpt
 from odeckpt._steppers import STEPPERS
@@ -256,7 +257,7 @@ def test_stats_of_the_other_adjoints():
     assert int(_stats_solve("recursive").num_checkpoints) == 31
 
 
-@pytest.mark.parametrize("max_steps", [10**6, 10**9])
+@pytest.mark.parametrize("max_steps", slow_unless([10**6, 10**9], fast={10**9}))
 def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps):
     """A 5-step solve with `max_steps` of a million or a billion: its gradient and statistics
     hold no constant larger than the schedule's table of binomials (`O(c r)` integers) and

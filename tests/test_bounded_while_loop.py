@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from selection import slow_unless
 
 from odeckpt.checkpointing import (
     _tree,
@@ -174,7 +175,7 @@ def _steps_taken(y0, max_steps=60):
     return int(_reference(0.8, y0, _buffers(), max_steps)[0]["i"])
 
 
-@pytest.mark.parametrize("c", [2, 3, 6])
+@pytest.mark.parametrize("c", slow_unless([2, 3, 6], fast={3}))
 def test_step_evaluations_match_simulator_and_vmap_does_not_double(c):
     def loss(y0):
         cond, body = _problem(0.8, count=True)
@@ -557,7 +558,8 @@ def _assert_derivatives_agree(loss, x):
     ids=["binomial", "states", "default"],
 )  # fmt: skip
 @pytest.mark.parametrize(
-    "x", [1.3, jnp.asarray(1.3), np.float64(1.3), jnp.array([1.3, 0.4])],
+    "x", [1.3, pytest.param(jnp.asarray(1.3), marks=pytest.mark.slow),
+          pytest.param(np.float64(1.3), marks=pytest.mark.slow), jnp.array([1.3, 0.4])],
     ids=["python float", "weak scalar", "numpy scalar", "array"],
 )  # fmt: skip
 def test_forward_mode_of_a_closed_over_value(x, kw):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.integrate
+from selection import slow_unless
 
 import odeckpt
 
@@ -39,7 +40,9 @@ def test_free_fall_stops_at_the_floor():
     assert sol.ys[-1, 0] >= 0
 
 
-@pytest.mark.parametrize("adjoint", [*REVERSE, "forward"])
+@pytest.mark.parametrize(
+    "adjoint", slow_unless([*REVERSE, "forward"], fast={"recursive", "backsolve", "forward"})
+)
 def test_free_fall_derivatives_in_closed_form(adjoint):
     # t* = sqrt(2h/g) and v* = -sqrt(2gh); Tsit5 and its interpolant are exact on quadratics.
     h, g = 1.3, G
@@ -100,7 +103,9 @@ def _third_bounce(e: float) -> tuple[float, float]:
     return t, 2 * v1 / G + 4 * e * v1 / G
 
 
-@pytest.mark.parametrize("adjoint", ["direct", "recursive", "forward"])
+@pytest.mark.parametrize(
+    "adjoint", slow_unless(["direct", "recursive", "forward"], fast={"recursive", "forward"})
+)
 def test_bouncing_ball_third_bounce_and_its_derivative(adjoint):
     e = 0.8
     sol = _bounces(e, adjoint)

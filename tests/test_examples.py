@@ -94,6 +94,7 @@ def test_neural_ode_spiral(tmp_path):
     assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
 
 
+@pytest.mark.slow
 def test_bouncing_ball_fit(tmp_path):
     folder = run_example("bouncing_ball_fit", tmp_path)
     plots_written(folder, ["fit.png"])

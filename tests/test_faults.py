@@ -8,7 +8,8 @@ must stay exact). Save times at the ends of the span and repeated ones, with a s
 real and a complex leaf, and zero-length spans inside batches are checked against closed
 forms.
 
-The default run covers every stepper with one adjoint and every adjoint with several steppers;
+The default run covers every stepper with one adjoint and every adjoint with several steppers,
+and the save times and zero-length spans with every family of steppers and adjoints;
 `pytest -m slow` runs the whole cross product.
 """
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from selection import slow_unless
 
 import odeckpt
 from odeckpt._steppers import STEPPERS
@@ -113,13 +115,11 @@ def _batched(name: str, adjoint: str):
         return jnp.sum(sol.ys**2), sol
 
     def lane(y0, k, t_fault, value):
-        if adjoint == "forward":
-            derivative = jax.jacfwd(lambda *a: loss(*a)[0], argnums=(0, 1))
-        else:
-            derivative = jax.grad(lambda *a: loss(*a)[0], argnums=(0, 1))
-        sol = solve(y0, k, t_fault, value)
+        # The solution is the derivative's own primal solve: one solve is compiled, not two.
+        derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+        d, sol = derivative(loss, argnums=(0, 1), has_aux=True)(y0, k, t_fault, value)
         ok = sol.status == odeckpt.Status.successful
-        return ok, sol.ys, jnp.stack(derivative(y0, k, t_fault, value))
+        return ok, sol.ys, jnp.stack(d)
 
     _COMPILED[key] = jax.jit(jax.vmap(lane))
     return _COMPILED[key]
@@ -186,7 +186,7 @@ def test_non_finite_args_fail_before_the_first_step():
     assert sol.status == odeckpt.Status.nonfinite_f0 and int(sol.stats.num_steps) == 0
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS)
+@pytest.mark.parametrize("adjoint", slow_unless(ADJOINTS, fast={"recursive", "forward"}))
 def test_faulty_traced_tolerances_fail_per_lane(adjoint):
     """Tolerances traced per lane: NaN, inf, zero or negative ones end their lane with
     `invalid_settings` before its first step, with a NaN derivative; a healthy lane beside
@@ -290,7 +290,13 @@ def _edge_solver(name: str):
     return solve, tol
 
 
-@pytest.mark.parametrize("name", STEPPER_NAMES)
+# Every family of steppers by default (explicit Runge-Kutta of orders 4, 5 and 8, ESDIRK,
+# Rosenbrock, the classic implicit ones, Radau IIA, BDF); every stepper under -m slow.
+EDGE_STEPPERS = {"rk4", "tsit5", "dopri5", "dopri8", "kvaerno5", "rodas5", "implicit_euler",
+                 "trapezoid", "radau", "bdf"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", slow_unless(STEPPER_NAMES, fast=EDGE_STEPPERS))
 def test_save_times_at_the_ends_and_repeated(name):
     """A state with a real and a complex leaf, against the closed form."""
     solve, tol = _edge_solver(name)
@@ -323,7 +329,7 @@ def test_dense_output_is_nan_outside_the_span_under_jit():
     np.testing.assert_allclose(values[1], np.exp(-1.0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS)
+@pytest.mark.parametrize("adjoint", slow_unless(ADJOINTS, fast=set(ADJOINTS) - {"direct"}))
 def test_derivatives_in_save_times_at_t0(adjoint):
     """`y(ts)` at `ts = t0`: d/dts = f(t0, y0), d/dt0 = -f(t0, y0)."""
     k = 0.7
@@ -347,7 +353,9 @@ _ZERO_LENGTH = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("adjoint, solver", _ZERO_LENGTH)
+@pytest.mark.parametrize(
+    "adjoint, solver", slow_unless(_ZERO_LENGTH, fast=_ZERO_LENGTH[:5] + [("forward", "bdf")])
+)
 def test_zero_length_spans_inside_a_batch(adjoint, solver):
     """A lane with t1 == t0 has y(t1) = y0 and the exact derivatives in t0, t1, y0 and k."""
     k = 0.8
@@ -387,9 +395,8 @@ def _event_lane(adjoint: str):
 
     def lane(y0, k, t_fault, t_event):
         derivative = jax.jacfwd if adjoint == "forward" else jax.grad
-        d = derivative(lambda *a: hit(*a)[0], argnums=(0, 1))(y0, k, t_fault, t_event)
-        t, sol = hit(y0, k, t_fault, t_event)
-        return sol.status == odeckpt.Status.successful, t, jnp.stack(d)
+        d, sol = derivative(hit, argnums=(0, 1), has_aux=True)(y0, k, t_fault, t_event)
+        return sol.status == odeckpt.Status.successful, sol.ts[-1], jnp.stack(d)
 
     return jax.jit(jax.vmap(lane))
 
@@ -397,7 +404,9 @@ def _event_lane(adjoint: str):
 EVENT_ADJOINTS = tuple(a for a in ADJOINTS if a != "forward_sensitivity")  # refuses events
 
 
-@pytest.mark.parametrize("adjoint", EVENT_ADJOINTS)
+@pytest.mark.parametrize(
+    "adjoint", slow_unless(EVENT_ADJOINTS, fast={"recursive", "backsolve", "forward"})
+)
 def test_events_fail_loudly_per_lane(adjoint):
     nan = np.nan
     y0 = np.array([nan, 1.0, 1.0, 1.0, 1.0])
@@ -417,7 +426,7 @@ def test_events_fail_loudly_per_lane(adjoint):
     assert status == odeckpt.Status.nonfinite_event
 
 
-@pytest.mark.parametrize("adjoint", EVENT_ADJOINTS)
+@pytest.mark.parametrize("adjoint", slow_unless(EVENT_ADJOINTS, fast={"recursive", "backsolve"}))
 def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
     """A zero-length span returns y0 with no event; save times at t0 and t1 with a terminal
     event before t1: y0 at t0, `inf` at the unreached t1, and the event's point last."""

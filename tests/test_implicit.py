@@ -17,6 +17,7 @@ from problems import (
     robertson,
     robertson_jacobian,
 )
+from selection import slow_unless
 from test_steppers import exact, fixed_step_solve, slope, vector_field
 
 import odeckpt
@@ -46,16 +47,6 @@ NUM_STEPS = {
     "kvaerno5": (8, 10, 12, 16, 20),
     "rodas5": (8, 10, 12, 16, 20),
 }
-
-
-def slow_unless(params, fast):
-    """`params` for `parametrize`, all but those in `fast` marked slow."""
-    return [
-        p
-        if p in fast
-        else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.slow)
-        for p in params
-    ]
 
 
 def test_registry_and_class_attributes():
@@ -500,7 +491,7 @@ def _complex_linear(t, y, a):
     return a @ y
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"kvaerno5", "rodas5"}))
 def test_complex_linear_system_against_matrix_exponential(name):
     rtol, bound = _COMPLEX_TOLERANCES[name]
     sol = odeckpt.solve(
@@ -512,7 +503,7 @@ def test_complex_linear_system_against_matrix_exponential(name):
     assert np.max(np.abs(np.asarray(sol.ys[-1]) - exact)) < bound
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"kvaerno5", "rodas5"}))
 def test_complex_scalar_against_closed_form_in_both_precisions(name):
     rate = -1.0 + 2.0j
     # Implicit Euler holds its steps to rtol**2 / 1e-3 (`tolerance_exponent`): 1e-11 would

@@ -343,7 +343,9 @@ def _solve_loss(adjoint, **kw):
 
 
 @pytest.mark.parametrize(
-    ("kw", "batched"), [(dict(solver="rk4", dt0=0.02), True), (dict(max_steps=64), False)],
+    ("kw", "batched"),
+    [pytest.param(dict(solver="rk4", dt0=0.02), True, marks=pytest.mark.slow),
+     (dict(max_steps=64), False)],
     ids=["rk4-vmap", "adaptive"],
 )  # fmt: skip
 def test_solve_gradients_equal_without_offload(kw, batched):

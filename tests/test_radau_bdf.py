@@ -19,6 +19,7 @@ from problems import (
     VDPOL,
     robertson,
 )
+from selection import slow_unless
 from test_implicit import (
     _A_COMPLEX,
     _K,
@@ -29,7 +30,6 @@ from test_implicit import (
     _phase_decay,
     _phase_decay_exact,
     _robertson_final,
-    slow_unless,
 )
 from test_steppers import exact, fixed_step_solve, slope, vector_field
 

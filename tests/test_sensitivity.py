@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from selection import slow_unless
 
 import odeckpt
 
@@ -32,7 +33,7 @@ def _central_differences(fn, x, eps=1e-5):
     return np.array([(fn(x + eps * e) - fn(x - eps * e)) / (2 * eps) for e in basis])
 
 
-@pytest.mark.parametrize("solver", ["dopri8", "kvaerno5", "rodas5"])
+@pytest.mark.parametrize("solver", slow_unless(["dopri8", "kvaerno5", "rodas5"], fast={"dopri8"}))
 def test_lotka_volterra_equals_finite_differences(solver):
     """Gradients in `args`, `y0` and `t1` (grad, jvp and jacfwd) equal central differences of a
     tight solve to 1e-8."""

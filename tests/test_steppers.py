@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
+from selection import slow_unless
 
 from odeckpt._steppers import (
     RK4,
@@ -325,7 +326,7 @@ _DIFFRAX = {
 }
 
 
-@pytest.mark.parametrize("name", list(_DIFFRAX))
+@pytest.mark.parametrize("name", slow_unless(list(_DIFFRAX), fast={"tsit5", "dopri5"}))
 def test_matches_diffrax_step(name):
     """Same tableau, same step: y1 agrees; for the pairs so does |y_error| (diffrax's sign
     convention varies between its solvers); for Tsit5 and Dopri5 the native dense output agrees
