@@ -241,8 +241,12 @@ def test_vmap_of_grad_equals_per_example_grads(options):
         np.testing.assert_allclose(batched[1][i], single[1], rtol=1e-8)
     jax.effects_barrier()
     assert len(batched_records) == 3 and len({r["num_backward_steps"] for r in records}) > 1
-    key = lambda r: tuple(r.values())
-    assert sorted(batched_records, key=key) == sorted(records, key=key)
+    # The counts are equal; the drift (a float) to rounding.
+    counts = lambda r: tuple(v for k, v in r.items() if k != "max_drift")
+    batched_records, records = sorted(batched_records, key=counts), sorted(records, key=counts)
+    assert [counts(r) for r in batched_records] == [counts(r) for r in records]
+    np.testing.assert_allclose([r["max_drift"] for r in batched_records],
+                               [r["max_drift"] for r in records], rtol=1e-6)  # fmt: skip
 
 
 def test_float32():
@@ -271,30 +275,63 @@ def lorenz(t, y, args):
     return jnp.stack([sigma * (y[1] - y[0]), y[0] * (rho - y[2]) - y[1], y[0] * y[1] - beta * y[2]])
 
 
+_LORENZ_ARGS = (jnp.array(10.0), jnp.array(28.0), jnp.array(8.0 / 3.0))
+
+
+def _lorenz_loss(y0, args, adjoint, tol, throw=True):
+    sol = odeckpt.solve(lorenz, y0, (0.0, 1.0), args, adjoint=adjoint, rtol=tol, atol=tol,
+                        throw=throw)  # fmt: skip
+    return jnp.sum(sol.ys[-1])
+
+
 def test_checkpoints_fix_drift_on_a_chaotic_problem():
     """Lorenz: integrated backwards, the dissipative directions expand (volume grows like
     exp(13.7 t)), so the reconstructed state drifts and plain backsolve loses accuracy; states
     re-anchored from the forward solve restore it."""
-    args = (jnp.array(10.0), jnp.array(28.0), jnp.array(8.0 / 3.0))
     y0 = jnp.array([1.0, 1.0, 1.0])
-
-    def loss(y0, args, adjoint, tol):
-        sol = odeckpt.solve(lorenz, y0, (0.0, 1.0), args, adjoint=adjoint, rtol=tol, atol=tol)
-        return jnp.sum(sol.ys[-1])
-
     # The forward-mode derivative of a very tight forward solve is the exact gradient.
-    expected = jax.jacfwd(loss, argnums=(0, 1))(y0, args, "forward", 1e-12)
+    expected = jax.jacfwd(_lorenz_loss, argnums=(0, 1))(y0, _LORENZ_ARGS, "forward", 1e-12)
     expected = jnp.concatenate([expected[0], jnp.stack(expected[1])])
 
-    def error(checkpoints):
-        grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=(2, 3))
-        g = grad(y0, args, BacksolveAdjoint(checkpoints=checkpoints), 1e-6)
+    def error(adjoint):
+        grad = jax.jit(jax.grad(_lorenz_loss, argnums=(0, 1)), static_argnums=(2, 3))
+        g = grad(y0, _LORENZ_ARGS, adjoint, 1e-6)
         return relative_error(jnp.concatenate([g[0], jnp.stack(g[1])]), expected)
 
-    plain, anchored = error(None), error(8)
-    assert plain > 1e-4  # the drift is real (measured: 2.4e-4) ...
-    assert anchored < 1e-5  # ... and re-anchoring removes most of it (measured: 1.8e-6)
+    # Without the drift check, to see the drift's effect.
+    plain = error(BacksolveAdjoint(max_drift=math.inf))
+    anchored = error(BacksolveAdjoint(checkpoints=8))
+    assert plain > 1e-4  # the drift is real (measured: 2.3e-4) ...
+    assert anchored < 1e-5  # ... and re-anchoring removes most of it (measured: 2.8e-6)
     assert anchored < plain / 20
+
+
+def test_a_drifting_reconstruction_is_a_failed_gradient():
+    """Plain backsolve on Lorenz reconstructs `y0` thousands of tolerances away from the true
+    one (measured: 7.7e3 at rtol 1e-6) and its gradient is 2.3e-4 off: the backward solve
+    fails (NaN, an error with `throw=True`) and says why. Re-anchored (drift 2.6), it
+    succeeds."""
+    y0 = jnp.array([1.0, 1.0, 1.0])
+    records = []
+
+    def grad(adjoint, throw):
+        fn = jax.jit(jax.grad(_lorenz_loss), static_argnums=(2, 3, 4))
+        g = fn(y0, _LORENZ_ARGS, adjoint, 1e-6, throw)
+        jax.effects_barrier()
+        return g, records[-1]
+
+    g, record = grad(BacksolveAdjoint(on_backward=records.append), False)
+    assert np.all(np.isnan(g)) and not record["succeeded"]
+    assert record["max_drift"] > 1e3
+    with pytest.raises(Exception, match="drifted from the forward solution by more than"):
+        grad(BacksolveAdjoint(on_backward=records.append), True)
+    g, record = grad(BacksolveAdjoint(checkpoints=8, on_backward=records.append), True)
+    assert np.all(np.isfinite(g)) and record["succeeded"] and record["max_drift"] < 10
+    # The limit is the user's: a looser one accepts the drift, a non-positive one is refused.
+    g, record = grad(BacksolveAdjoint(max_drift=1e5, on_backward=records.append), False)
+    assert np.all(np.isfinite(g)) and record["succeeded"]
+    with pytest.raises(ValueError, match="max_drift"):
+        BacksolveAdjoint(max_drift=0.0)
 
 
 def test_dense_output_loss():
@@ -557,10 +594,11 @@ def test_on_backward_counts_constant_steps():
             "num_accepted_backward_steps": 20,
             "num_rejected_backward_steps": 0,
             "num_window_solves": 0,
+            "max_drift": 0.0,  # constant steps have no tolerances to measure it in
             "succeeded": True,
         }
     ]
-    assert all(type(v) is int for k, v in records[0].items() if k != "succeeded")
+    assert all(type(v) is int for k, v in records[0].items() if k.startswith("num_"))
     assert type(records[0]["succeeded"]) is bool
     # Measured: 2.5e-8 (RK4 at h = 0.05).
     assert relative_error(g, jnp.sum(-ts * jnp.exp(-0.7 * ts))) < 1e-7

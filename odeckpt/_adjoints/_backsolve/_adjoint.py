@@ -51,12 +51,19 @@ class BacksolveAdjoint(AbstractAdjoint):
         output; `"auto"` is `"forward"` when the backward stepper is implicit (a stiff
         problem) and `"backward"` otherwise.
     - `window`: steps of dense output `reconstruct="forward"` keeps.
+    - `max_drift`: how far the reconstructed `y(t)` may stray from the forward solution
+        before the gradient counts as failed (NaN, and an error with `throw=True`). The drift
+        is measured wherever a forward state is known (`y0`, the stored states, the saved
+        outputs, and `y(t1)` against a forward re-solve) as the root mean square of
+        `(y - y_forward) / (atol + rtol |y_forward|)` at the backward tolerances; it is not
+        measured after constant backward steps (which have no tolerances).
     - `on_backward`: `None`, or a function called (through `jax.debug.callback`, once per
         evaluation of the gradient and per batch element under `vmap`) with a `dict` of
         Python values: `num_backward_steps`, `num_accepted_backward_steps`,
-        `num_rejected_backward_steps`, `num_window_solves` (forward re-solves of windows) and
-        `succeeded`. It must be hashable (a function or bound method): `jax.jit` caches on it.
-        Call `jax.effects_barrier()` before reading what it recorded.
+        `num_rejected_backward_steps`, `num_window_solves` (forward re-solves of windows),
+        `max_drift` (the largest drift measured) and `succeeded`. It must be hashable (a
+        function or bound method): `jax.jit` caches on it. Call `jax.effects_barrier()`
+        before reading what it recorded.
 
     **Example:**
 
@@ -97,6 +104,7 @@ class BacksolveAdjoint(AbstractAdjoint):
     seminorm: bool = eqx.field(default=True, static=True)
     reconstruct: str = eqx.field(default="auto", static=True)
     window: int = eqx.field(default=64, static=True, converter=python_int)
+    max_drift: float = 100.0
     on_backward: Callable[[dict], None] | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
@@ -109,7 +117,7 @@ class BacksolveAdjoint(AbstractAdjoint):
         if self.checkpoints is not None:
             count("BacksolveAdjoint(checkpoints=...)", self.checkpoints,
                   "e.g. checkpoints=8, or checkpoints=None for no stored states")  # fmt: skip
-        for name in ("rtol", "atol"):
+        for name in ("rtol", "atol", "max_drift"):
             value = known_values(f"BacksolveAdjoint({name})", getattr(self, name))
             if value is not None and not np.all(value > 0):
                 raise ValueError(
@@ -167,7 +175,7 @@ class BacksolveAdjoint(AbstractAdjoint):
         return BackwardSetup(
             stepper=stepper, controller=controller, window_controller=window_controller,
             seminorm=self.seminorm, reconstruct_forward=forward, window=self.window,
-            on_backward=self.on_backward,
+            max_drift=self.max_drift, on_backward=self.on_backward,
         )  # fmt: skip
 
     def _controller(self, controller: AbstractController) -> AbstractController:

@@ -8,13 +8,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._controllers import ConstantStep
+from ..._controllers import ConstantStep, PIDController
+from ..._error_norm import per_leaf, rms
 from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
 from ..._outputs import Outputs
 from ..._saveat import SaveAt
 from ..._status import Status
-from ..._types import BoolScalar, IntScalar
+from ..._types import BoolScalar, IntScalar, Scalar
 from .._base import while_loop
 from ._problem import Problem
 from ._setup import BackwardSetup
@@ -23,18 +24,21 @@ from ._window import Window, solve_window
 
 
 class BackwardStats(eqx.Module):
-    """What the backward solve did: whether every stretch of it succeeded, its steps summed
-    over the stretches, and how often `y` was re-solved forwards."""
+    """What the backward solve did: whether every stretch of it succeeded (and the
+    reconstructed state stayed within `max_drift` of the forward one), its steps summed over
+    the stretches, how often `y` was re-solved forwards, and the largest drift of the
+    reconstructed `y` from the forward states it met, in the backward tolerances' norm."""
 
     succeeded: BoolScalar
     num_accepted: IntScalar
     num_rejected: IntScalar
     num_window_solves: IntScalar
+    max_drift: Scalar
 
     @classmethod
-    def none(cls) -> "BackwardStats":
+    def none(cls, dtype) -> "BackwardStats":
         zero = jnp.zeros((), jnp.int32)
-        return cls(jnp.array(True), zero, zero, zero)
+        return cls(jnp.array(True), zero, zero, zero, jnp.zeros((), dtype))
 
     def add(self, other: "BackwardStats") -> "BackwardStats":
         return BackwardStats(
@@ -42,6 +46,7 @@ class BackwardStats(eqx.Module):
             num_accepted=self.num_accepted + other.num_accepted,
             num_rejected=self.num_rejected + other.num_rejected,
             num_window_solves=self.num_window_solves + other.num_window_solves,
+            max_drift=jnp.maximum(self.max_drift, other.max_drift),
         )
 
 
@@ -75,7 +80,8 @@ class Backward(eqx.Module):
         longest = jnp.where(one_step, jnp.maximum(dt, done.dt), done.dt)
         dt = jnp.where(done.num_steps == 0, dt, longest)
         zero = jnp.zeros((), jnp.int32)
-        return done.y, dt, BackwardStats(ok, done.num_accepted, done.num_rejected, zero)
+        drift = jnp.zeros((), self.init.t.dtype)
+        return done.y, dt, BackwardStats(ok, done.num_accepted, done.num_rejected, zero, drift)
 
     def first_dt(self, field, s0, z, args):
         """The first backward step size for the backward system `field` (whose last part is
@@ -96,6 +102,34 @@ class Backward(eqx.Module):
 
     def apply(self, j, y, a, g):
         return self.stops.apply(j, self.loop.stepper, self.problem, self.diff, y, a, g)
+
+    def drift_at(self, j, y) -> BackwardStats:
+        """`drift` of the reconstructed state `y` at stop `j` (0 if `j` holds no forward
+        state)."""
+        anchored, forward = self.stops.anchor(j, y)
+        return self.drift(y, forward, anchored)
+
+    def drift(self, y, forward, measured) -> BackwardStats:
+        """How far the reconstructed state `y` lies from the forward state `forward` (where
+        `measured`, else 0): the root mean square of `(y - forward) / (atol + rtol |forward|)`,
+        each tolerance the looser of the forward and the backward solve's (the two solutions
+        are as accurate as the looser one). The stats fail if it exceeds `setup.max_drift`;
+        after constant backward steps there are no tolerances to measure it in, and it is 0."""
+        backward, dtype = self.setup.controller, self.init.t.dtype
+        if isinstance(backward, ConstantStep):
+            drift = jnp.zeros((), dtype)
+        else:
+            rtol, atol = per_leaf(backward.rtol, y), per_leaf(backward.atol, y)
+            if isinstance(self.loop.controller, PIDController):
+                looser = lambda b, f: jax.tree.map(jnp.maximum, b, per_leaf(f, y))
+                rtol = looser(rtol, self.loop.controller.rtol)
+                atol = looser(atol, self.loop.controller.atol)
+            scale = jax.tree.map(lambda f, r, a: a + r * jnp.abs(f), forward, rtol, atol)
+            difference = jax.tree.map(jnp.subtract, y, forward)
+            drift = jnp.where(measured, rms(difference, scale), 0).astype(dtype)
+        ok = ~(drift > self.setup.max_drift)  # NaN fails too
+        zero = jnp.zeros((), jnp.int32)
+        return BackwardStats(ok, zero, zero, zero, drift)
 
 
 class _AugmentedCarry(NamedTuple):
@@ -122,12 +156,15 @@ def solve_backwards(backward: Backward, z) -> tuple:
         z, dt, segment = backward.segment(
             problem.augmented, diff, carry.s, s_stop, carry.z, carry.dt
         )
+        drift = backward.drift_at(j, z[0])
         z = backward.apply(j, *z)
-        return _AugmentedCarry(carry.next_stop + 1, s_stop, z, dt, carry.stats.add(segment))
+        stats = carry.stats.add(segment).add(drift)
+        return _AugmentedCarry(carry.next_stop + 1, s_stop, z, dt, stats)
 
     s0 = -backward.final.t
     dt = backward.first_dt(problem.augmented, s0, z, diff)
-    carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, BackwardStats.none())
+    stats = BackwardStats.none(backward.init.t.dtype)
+    carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, stats)
     done = jax.lax.while_loop(lambda c: c.next_stop < stops.count, body, carry)
     return done.z[1:], done.stats
 
@@ -182,9 +219,15 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
                                             carry.a_g, carry.dt)  # fmt: skip
         reached = tau_end <= tau_stop
         _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
-        window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32))
+        no_drift = jnp.zeros((), final.t.dtype)
+        window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32), no_drift)
+        # The re-solved state against the forward one: at the final state when the first
+        # window arrives, and at the saved outputs the window covers.
+        at_end = backward.drift(window.evaluate(tau), final.y, needed & (tau == final.t))
+        covered = reached & (window.start <= tau_end)
+        at_stop = backward.drift_at(jnp.where(covered, j, -1), window.evaluate(tau_end))
         next_stop = carry.next_stop + reached
-        stats = carry.stats.add(segment).add(window_stats)
+        stats = carry.stats.add(segment).add(window_stats).add(at_end).add(at_stop)
         return _AdjointCarry(next_stop, tau_end, (a, g), dt, window, stats)
 
     tau1 = final.t
@@ -192,7 +235,7 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
                           setup.window)  # fmt: skip
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
     dt = backward.first_dt(problem.adjoint_at(final.y), -tau1, a_g, diff)
-    carry = _AdjointCarry(zero, tau1, a_g, dt, window, BackwardStats.none())
+    carry = _AdjointCarry(zero, tau1, a_g, dt, window, BackwardStats.none(tau1.dtype))
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
     done = jax.lax.while_loop(cond, body, carry)
     return done.a_g, done.stats

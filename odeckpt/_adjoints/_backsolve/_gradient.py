@@ -23,9 +23,11 @@ from ._stops import Stops, StoredStates, dense_stops, output_stops
 
 _BACKWARD_FAILED = (
     "BacksolveAdjoint: the backward (adjoint) solve failed (max_steps reached, step size "
-    "underflow or a non-finite adjoint). Fix: raise `max_steps`, loosen the backward `rtol`/"
-    "`atol`, re-anchor with `BacksolveAdjoint(checkpoints=...)`, or use "
-    "`RecursiveCheckpointAdjoint`, whose gradients do not solve a backward ODE."
+    "underflow, a non-finite adjoint, or the reconstructed state drifted from the forward "
+    "solution by more than `max_drift`). Fix: re-anchor with "
+    "`BacksolveAdjoint(checkpoints=...)` or use `reconstruct='forward'`, tighten the backward "
+    "`rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, whose gradients "
+    "do not solve a backward ODE."
 )
 
 
@@ -148,7 +150,7 @@ def _reverse(
     if setup.reconstruct_forward:
         kinds = [kind for kind in kinds if kind.jump_a is not None]
     dense = dense_stops(loop, init, final, outputs, ct_outputs)
-    stops = Stops.make([*kinds, *([dense] if dense is not None else [])], init.t)
+    stops = Stops.make([*kinds, *([dense] if dense is not None else [])], init.t, init.y)
     backward = Backward(setup, loop, init, final, problem, diff, stops)
     g = jax.tree.map(jnp.zeros_like, diff)
     a = ct_final.y
@@ -239,6 +241,7 @@ def _report(on_backward: Callable[[dict], None], stats: BackwardStats) -> None:
                 "num_accepted_backward_steps": accepted,
                 "num_rejected_backward_steps": rejected,
                 "num_window_solves": stats.num_window_solves.item(),
+                "max_drift": stats.max_drift.item(),
                 "succeeded": stats.succeeded.item(),
             }
         )

@@ -23,6 +23,8 @@ class BackwardSetup(eqx.Module):
         backwards.
     - `window`: steps of dense output a forward re-solve keeps.
     - `window_controller`: the controller of the forward re-solves of windows.
+    - `max_drift`: the largest drift of the reconstructed state from the forward one that
+        the backward solve accepts (see `BacksolveAdjoint`).
     - `on_backward`: the user's callback for the backward solve's statistics, or `None`.
     """
 
@@ -32,6 +34,7 @@ class BackwardSetup(eqx.Module):
     seminorm: bool = eqx.field(static=True)
     reconstruct_forward: bool = eqx.field(static=True)
     window: int = eqx.field(static=True)
+    max_drift: float
     on_backward: Callable[[dict], None] | None = eqx.field(static=True)
 
     @property

@@ -105,9 +105,11 @@ class Stops(eqx.Module):
     count: jax.Array
 
     @classmethod
-    def make(cls, kinds: list, t0) -> "Stops":
-        """The stops of `kinds`, and the end of the backward solve at `t0`."""
-        kinds = [*kinds, PointStops(t0[None], jnp.ones((1,), bool), None, None)]
+    def make(cls, kinds: list, t0, y0: Y) -> "Stops":
+        """The stops of `kinds`, and the end of the backward solve at `t0`, where the state is
+        `y0`."""
+        start = jax.tree.map(lambda y: y[None], y0)
+        kinds = [*kinds, PointStops(t0[None], jnp.ones((1,), bool), None, start)]
         offsets = [0]
         for kind in kinds:
             offsets.append(offsets[-1] + kind.times.shape[0])
@@ -118,22 +120,41 @@ class Stops(eqx.Module):
 
     def apply(self, j, stepper: AbstractStepper, problem: Problem, diff, y, a, g):
         """Add the jumps of stop `j` to `a` and `g`, and re-anchor `y` (if not `None`)."""
-        for kind, offset in zip(self.kinds, self.offsets, strict=True):
-            size = kind.times.shape[0]
-            here = (j >= offset) & (j < offset + size)
-            row = jnp.clip(j - offset, 0, size - 1)
+        for kind, here, row in self._kinds_at(j):
             if isinstance(kind, DenseStops):
                 jump_a, jump_g = kind.pullback(stepper, problem, diff, row)
                 a = jax.tree.map(jnp.add, a, _masked(here, jump_a))
                 g = jax.tree.map(jnp.add, g, _masked(here, jump_g))
-                anchor = kind.start_state(row)
-            else:
-                if kind.jump_a is not None:
-                    a = jax.tree.map(jnp.add, a, _masked(here, _rows(kind.jump_a, row)))
-                anchor = None if kind.anchor is None else _rows(kind.anchor, row)
-            if anchor is not None and y is not None:
-                y = _select(here, anchor, y)
+            elif kind.jump_a is not None:
+                a = jax.tree.map(jnp.add, a, _masked(here, _rows(kind.jump_a, row)))
+        anchored, anchor = self.anchor(j, y)
+        if y is not None:
+            y = _select(anchored, anchor, y)
         return y, a, g
+
+    def anchor(self, j, like: Y | None):
+        """`(anchored, y)`: whether stop `j` holds a state of the forward solve (a saved
+        output, a stored state, a dense-output step's start, or `y0` at the end), and that
+        state (`like` where it holds none; `None` if `like` is `None`)."""
+        anchored = jnp.array(False)
+        for kind, here, row in self._kinds_at(j):
+            if isinstance(kind, DenseStops):
+                value = kind.start_state(row)
+            elif kind.anchor is not None:
+                value = _rows(kind.anchor, row)
+            else:
+                continue
+            anchored = anchored | here
+            if like is not None:
+                like = _select(here, value, like)
+        return anchored, like
+
+    def _kinds_at(self, j):
+        """Each kind of stop, with whether stop `j` is of that kind and its row there."""
+        for kind, offset in zip(self.kinds, self.offsets, strict=True):
+            size = kind.times.shape[0]
+            here = (j >= offset) & (j < offset + size)
+            yield kind, here, jnp.clip(j - offset, 0, size - 1)
 
 
 def _rows(tree, row):
