@@ -554,6 +554,22 @@ def test_reconstruct_configuration():
         BacksolveAdjoint(window=0)
 
 
+@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5"])
+def test_without_the_seminorm(solver):
+    """`seminorm=False` holds the parameter integral to the tolerances too, with `y`
+    integrated backwards (Tsit5) or re-solved forwards (Kvaerno5): the closed form of
+    `y' = -k y`."""
+
+    def final(y0, k):
+        adjoint = BacksolveAdjoint(seminorm=False)
+        sol = odeckpt.solve(decay, y0, (0.0, 1.0), k, solver=solver, adjoint=adjoint,
+                            rtol=1e-10, atol=1e-10)  # fmt: skip
+        return sol.ys[-1]
+
+    g_y0, g_k = jax.jit(jax.grad(final, argnums=(0, 1)))(1.5, 0.7)
+    np.testing.assert_allclose([g_y0, g_k], [np.exp(-0.7), -1.5 * np.exp(-0.7)], rtol=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------
 # `on_backward`: what the backward solve did.
 

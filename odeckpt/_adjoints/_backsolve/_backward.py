@@ -92,8 +92,7 @@ class Backward(eqx.Module):
         if isinstance(controller, ConstantStep):
             return self.init.dt
         if not self.setup.seminorm:
-            f0 = stepper.init(field, s0, z, args)
-            return controller.init(field, s0, z, f0, args, stepper, None)[0]
+            return controller.init(field, s0, z, field(s0, z, args), args, stepper, None)[0]
         *rest, g = z
         rest = tuple(rest)
         state_part = lambda s, r, d: tuple(field(s, (*r, g), d)[:-1])
