@@ -284,52 +284,38 @@ def _lorenz_loss(y0, args, adjoint, tol, throw=True):
     return jnp.sum(sol.ys[-1])
 
 
-def test_checkpoints_fix_drift_on_a_chaotic_problem():
+def test_drift_on_a_chaotic_problem_fails_the_gradient_until_re_anchored():
     """Lorenz: integrated backwards, the dissipative directions expand (volume grows like
-    exp(13.7 t)), so the reconstructed state drifts and plain backsolve loses accuracy; states
-    re-anchored from the forward solve restore it."""
+    exp(13.7 t)), so plain backsolve reconstructs `y0` thousands of tolerances away from the
+    forward one (measured: 7.7e3 at rtol 1e-6) and its gradient is 2.3e-4 off: the backward
+    solve fails (NaN, an error with `throw=True`) and says why. States re-anchored from the
+    forward solve keep the drift small (measured: 2.6) and the gradient accurate."""
     y0 = jnp.array([1.0, 1.0, 1.0])
     # The forward-mode derivative of a very tight forward solve is the exact gradient.
     expected = jax.jacfwd(_lorenz_loss, argnums=(0, 1))(y0, _LORENZ_ARGS, "forward", 1e-12)
     expected = jnp.concatenate([expected[0], jnp.stack(expected[1])])
-
-    def error(adjoint):
-        grad = jax.jit(jax.grad(_lorenz_loss, argnums=(0, 1)), static_argnums=(2, 3))
-        g = grad(y0, _LORENZ_ARGS, adjoint, 1e-6)
-        return relative_error(jnp.concatenate([g[0], jnp.stack(g[1])]), expected)
-
-    # Without the drift check, to see the drift's effect.
-    plain = error(BacksolveAdjoint(max_drift=math.inf))
-    anchored = error(BacksolveAdjoint(checkpoints=8))
-    assert plain > 1e-4  # the drift is real (measured: 2.3e-4) ...
-    assert anchored < 1e-5  # ... and re-anchoring removes most of it (measured: 2.8e-6)
-    assert anchored < plain / 20
-
-
-def test_a_drifting_reconstruction_is_a_failed_gradient():
-    """Plain backsolve on Lorenz reconstructs `y0` thousands of tolerances away from the true
-    one (measured: 7.7e3 at rtol 1e-6) and its gradient is 2.3e-4 off: the backward solve
-    fails (NaN, an error with `throw=True`) and says why. Re-anchored (drift 2.6), it
-    succeeds."""
-    y0 = jnp.array([1.0, 1.0, 1.0])
     records = []
 
-    def grad(adjoint, throw):
-        fn = jax.jit(jax.grad(_lorenz_loss), static_argnums=(2, 3, 4))
+    def gradient(throw=False, **options):
+        adjoint = BacksolveAdjoint(**options, on_backward=records.append)
+        fn = jax.jit(jax.grad(_lorenz_loss, argnums=(0, 1)), static_argnums=(2, 3, 4))
         g = fn(y0, _LORENZ_ARGS, adjoint, 1e-6, throw)
         jax.effects_barrier()
-        return g, records[-1]
+        return jnp.concatenate([g[0], jnp.stack(g[1])]), records[-1]
 
-    g, record = grad(BacksolveAdjoint(on_backward=records.append), False)
-    assert np.all(np.isnan(g)) and not record["succeeded"]
-    assert record["max_drift"] > 1e3
+    g, record = gradient()
+    assert np.all(np.isnan(g)) and not record["succeeded"] and record["max_drift"] > 1e3
     with pytest.raises(Exception, match="drifted from the forward solution by more than"):
-        grad(BacksolveAdjoint(on_backward=records.append), True)
-    g, record = grad(BacksolveAdjoint(checkpoints=8, on_backward=records.append), True)
-    assert np.all(np.isfinite(g)) and record["succeeded"] and record["max_drift"] < 10
-    # The limit is the user's: a looser one accepts the drift, a non-positive one is refused.
-    g, record = grad(BacksolveAdjoint(max_drift=1e5, on_backward=records.append), False)
-    assert np.all(np.isfinite(g)) and record["succeeded"]
+        gradient(throw=True)
+    # The limit is the user's: without it the drift's effect shows ...
+    g, record = gradient(max_drift=math.inf)
+    plain = relative_error(g, expected)
+    assert record["succeeded"] and plain > 1e-4
+    # ... and re-anchoring removes most of it (measured: 2.8e-6).
+    g, record = gradient(throw=True, checkpoints=8)
+    anchored = relative_error(g, expected)
+    assert record["succeeded"] and record["max_drift"] < 10
+    assert anchored < 1e-5 and anchored < plain / 20
     with pytest.raises(ValueError, match="max_drift"):
         BacksolveAdjoint(max_drift=0.0)
 

@@ -40,6 +40,9 @@ from selection import slow_unless
 
 import odeckpt
 
+# One pytest-xdist worker runs the module: its tests share compiled batched solves.
+pytestmark = pytest.mark.xdist_group("test_batching")
+
 HERE = Path(__file__).resolve().parent
 
 

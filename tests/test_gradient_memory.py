@@ -28,6 +28,9 @@ import pytest
 import odeckpt
 from odeckpt import BacksolveAdjoint, DirectAdjoint, RecursiveCheckpointAdjoint
 
+# One pytest-xdist worker runs the module: its tests share compiled measurements.
+pytestmark = pytest.mark.xdist_group("test_gradient_memory")
+
 SIZE = 2**16
 STEPS = (1000, 4000, 16000)
 CHECKPOINTS = 8

@@ -29,6 +29,9 @@ from odeckpt._steppers import (
     with_newton_tolerances,
 )
 
+# One pytest-xdist worker runs the module: its tests share the fixture's Jacobian.
+pytestmark = pytest.mark.xdist_group("test_implicit")
+
 # name: (class, order, error_order, dense_degree), written out from the methods' definitions.
 EXPECTED = {
     "implicit_euler": (odeckpt.ImplicitEuler, 1, 2, 3),

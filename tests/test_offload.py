@@ -35,6 +35,9 @@ from odeckpt.checkpointing.schedules import (
     simulate_offload,
 )
 
+# One pytest-xdist worker runs the module: its tests share the fixture's gradient.
+pytestmark = pytest.mark.xdist_group("test_offload")
+
 _COUNT = [0]
 
 

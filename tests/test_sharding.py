@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# One pytest-xdist worker runs the module: its fixture runs the sharded checks once.
+pytestmark = pytest.mark.xdist_group("test_sharding")
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "sharded_checks.py"
 NO_GATHER = {"all-gather": 0, "all-to-all": 0}
