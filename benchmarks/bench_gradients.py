@@ -284,6 +284,14 @@ def steps(problem: Problem) -> dict[str, str]:
     }
 
 
+def _failure(error: Exception) -> str:
+    """The first sentence of odeckpt's error message inside a `JaxRuntimeError`."""
+    text = str(error)
+    start = text.find("BacksolveAdjoint:")
+    text = text[start:] if start >= 0 else text
+    return text.split(". Fix:")[0].strip()
+
+
 def run_pair(problem: Problem, pair: Pair, counts: dict, timing_options: dict) -> dict[str, Any]:
     label = f"{problem.name} / {pair.adjoint} ({pair.setting})"
     print(f"\n== {label}")
@@ -299,7 +307,15 @@ def run_pair(problem: Problem, pair: Pair, counts: dict, timing_options: dict) -
         "max_steps": problem.max_steps,
         **counts,
     }
-    g_ours, g_peer = jax.jit(ours)(*args), jax.jit(peer)(*args)
+    g_peer = jax.jit(peer)(*args)
+    try:
+        g_ours = jax.jit(ours)(*args)
+    except jax.errors.JaxRuntimeError as error:
+        # odeckpt refuses a gradient it cannot vouch for (e.g. BacksolveAdjoint's drift
+        # check); the row says so instead of timing it.
+        record["odeckpt_failed"] = _failure(error)
+        print(f"   odeckpt's gradient failed: {record['odeckpt_failed']}")
+        return record
     record["grad_rel_diff"] = relative_difference(g_ours, g_peer)
     record["odeckpt_temp_bytes"] = temp_bytes(ours, *args)
     record["diffrax_temp_bytes"] = temp_bytes(peer, *args)
@@ -341,6 +357,7 @@ COLUMNS = [
     Column("diffrax_temp_mib", "temp diffrax (MiB)", ".3g"),
     Column("memory_ratio", "memory ratio", ".2f"),
     Column("grad_rel_diff", "grad rel. diff", ".1e"),
+    Column("odeckpt_failed", "odeckpt refused"),
 ]
 
 NOTES = """\

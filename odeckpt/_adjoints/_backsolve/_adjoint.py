@@ -104,7 +104,7 @@ class BacksolveAdjoint(AbstractAdjoint):
     seminorm: bool = eqx.field(default=True, static=True)
     reconstruct: str = eqx.field(default="auto", static=True)
     window: int = eqx.field(default=64, static=True, converter=python_int)
-    max_drift: float = 100.0
+    max_drift: float = 1000.0
     on_backward: Callable[[dict], None] | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
