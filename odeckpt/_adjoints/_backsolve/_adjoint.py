@@ -55,8 +55,9 @@ class BacksolveAdjoint(AbstractAdjoint):
         before the gradient counts as failed (NaN, and an error with `throw=True`). The drift
         is measured wherever a forward state is known (`y0`, the stored states, the saved
         outputs, and `y(t1)` against a forward re-solve) as the root mean square of
-        `(y - y_forward) / (atol + rtol |y_forward|)` at the backward tolerances; it is not
-        measured after constant backward steps (which have no tolerances).
+        `(y - y_forward) / (atol + rtol |y_forward|)`, each tolerance the looser of the forward
+        and the backward solve's; it is not measured after constant backward steps (which
+        have no tolerances).
     - `on_backward`: `None`, or a function called (through `jax.debug.callback`, once per
         evaluation of the gradient and per batch element under `vmap`) with a `dict` of
         Python values: `num_backward_steps`, `num_accepted_backward_steps`,
