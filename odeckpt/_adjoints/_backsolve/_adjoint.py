@@ -118,11 +118,17 @@ class BacksolveAdjoint(AbstractAdjoint):
         if self.checkpoints is not None:
             count("BacksolveAdjoint(checkpoints=...)", self.checkpoints,
                   "e.g. checkpoints=8, or checkpoints=None for no stored states")  # fmt: skip
-        for name in ("rtol", "atol", "max_drift"):
+        examples = {
+            "rtol": "rtol=1e-6",
+            "atol": "atol=1e-8",
+            "max_drift": "max_drift=1000.0, or max_drift=math.inf for no check",
+        }
+        for name, example in examples.items():
             value = known_values(f"BacksolveAdjoint({name})", getattr(self, name))
             if value is not None and not np.all(value > 0):
                 raise ValueError(
-                    f"BacksolveAdjoint({name}={getattr(self, name)}) must be positive."
+                    f"BacksolveAdjoint({name}={getattr(self, name)}) must be positive. Fix: "
+                    f"pass e.g. BacksolveAdjoint({example})."
                 )
         if self.solver is not None and not isinstance(self.solver, AbstractStepper):
             raise TypeError(

@@ -27,7 +27,7 @@ class BackwardStats(eqx.Module):
     """What the backward solve did: whether every stretch of it succeeded (and the
     reconstructed state stayed within `max_drift` of the forward one), its steps summed over
     the stretches, how often `y` was re-solved forwards, and the largest drift of the
-    reconstructed `y` from the forward states it met, in the backward tolerances' norm."""
+    reconstructed `y` from the forward states it met (see `Backward.drift`)."""
 
     succeeded: BoolScalar
     num_accepted: IntScalar
