@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         DirectAdjoint as DirectAdjoint,
         ForwardMode as ForwardMode,
         ForwardSensitivity as ForwardSensitivity,
+        InterpolatingAdjoint as InterpolatingAdjoint,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
     from ._controllers import (

@@ -30,13 +30,14 @@ class Stats(eqx.Module):
     - `num_lu_factorisations`: LU factorisations of `I - h gamma J`; 0 for explicit steppers.
     - `num_checkpoints`: snapshot slots that reverse-mode differentiation of this solve keeps
         (`RecursiveCheckpointAdjoint`'s `c`, device and host slots together with `offload`;
-        `BacksolveAdjoint`'s forward checkpoints; `max_steps` for `DirectAdjoint`, which keeps
-        one slot of residuals per possible step; `0` for `ForwardMode`).
+        the forward checkpoints of `BacksolveAdjoint` and `InterpolatingAdjoint`; `max_steps`
+        for `DirectAdjoint`, which keeps one slot of residuals per possible step; `0` for
+        `ForwardMode`).
     - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
         snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
-        also runs one VJP per step; `BacksolveAdjoint`'s backward solve is adaptive and its
-        step count is only known in the backward pass: `BacksolveAdjoint(on_backward=...)`
-        reports it.
+        also runs one VJP per step; the backward solve of `BacksolveAdjoint` and
+        `InterpolatingAdjoint` is adaptive and its step count is only known in the backward
+        pass: their `on_backward=...` reports it.
 
     - `max_steps`: the `max_steps` the solve ran with (a Python int).
 

@@ -1,6 +1,7 @@
 """Test problems shared by the test files (vector fields in odeckpt's `f(t, y, args)` form)."""
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from scipy.integrate import solve_ivp
@@ -239,3 +240,42 @@ def radau_reference(problem: dict, t1: float) -> np.ndarray:
     )
     assert result.success
     return result.y[:, -1]
+
+
+def sensitivity_reference(
+    f, y0: np.ndarray, log_p: np.ndarray, t1: float, rtol: float = 1e-12, atol: float = 1e-14
+) -> np.ndarray:
+    """`d y(t1) / d log p` (shape `(n, m)`) for `f(t, y, p)`, `p = exp(log_p)`, by scipy's Radau
+    on the state and its forward sensitivities `S' = J S + df/dlog p` (with the analytic
+    Jacobian of the whole system from JAX) at `rtol`, `atol` (for the sensitivities
+    `atol / 1e-4` with `atol` the state's: the absolute size of `S` is that of `y` times the
+    orders of magnitude of `log p`'s effect, well above the state's own `atol` in chemistry)."""
+    n, m = len(y0), len(log_p)
+
+    def system(t, z):
+        y, s = z[:n], z[n:].reshape(n, m)
+        field = lambda y, log_p: f(t, y, jnp.exp(log_p))
+        jy, jp = jax.jacfwd(field, argnums=(0, 1))(y, jnp.asarray(log_p))
+        return jnp.concatenate([field(y, jnp.asarray(log_p)), (jy @ s + jp).ravel()])
+
+    rhs = jax.jit(system)
+    jac = jax.jit(jax.jacfwd(system, argnums=1))
+    z0 = np.concatenate([np.asarray(y0, float), np.zeros(n * m)])
+    tolerances = np.concatenate([np.full(n, atol), np.full(n * m, atol * 1e4)])
+    result = solve_ivp(
+        lambda t, z: np.asarray(rhs(t, jnp.asarray(z))), (0.0, t1), z0, method="Radau",
+        rtol=rtol, atol=tolerances, jac=lambda t, z: np.asarray(jac(t, jnp.asarray(z))),
+    )  # fmt: skip
+    assert result.success, result.message
+    return result.y[n:, -1].reshape(n, m)
+
+
+def central_differences(fn, x, eps: float = 1e-5):
+    """Central finite differences of the scalar `fn` at the pytree of float arrays `x`, shaped
+    like `x`."""
+    flat, unravel = jax.flatten_util.ravel_pytree(x)
+    out = []
+    for i in range(flat.size):
+        e = jnp.zeros_like(flat).at[i].set(eps)
+        out.append((fn(unravel(flat + e)) - fn(unravel(flat - e))) / (2 * eps))
+    return unravel(jnp.stack(out))

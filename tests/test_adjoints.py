@@ -9,6 +9,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from problems import central_differences
 from selection import slow_unless
 
 import odeckpt
@@ -109,28 +110,19 @@ def test_recursive_equals_direct_large_state_without_cached_f():
     np.testing.assert_allclose(recursive, direct, rtol=1e-12)
 
 
-def central_difference(fn, x, eps):
-    flat, unravel = jax.flatten_util.ravel_pytree(x)
-    out = []
-    for i in range(flat.size):
-        e = jnp.zeros_like(flat).at[i].set(eps)
-        out.append((fn(unravel(flat + e)) - fn(unravel(flat - e))) / (2 * eps))
-    return unravel(jnp.stack(out))
-
-
 @pytest.mark.parametrize("adjoint", ["direct", "recursive"])
 def test_constant_steps_match_finite_differences(adjoint):
     g_y0, g_args = grads(adjoint, solver="rk4", constant=True)
     forward = lambda y0, args: loss(y0, args, "forward", solver="rk4", constant=True)
-    assert_close(g_y0, central_difference(lambda y: forward(y, ARGS), Y0, 1e-6), 1e-7)
-    assert_close(g_args, central_difference(lambda a: forward(Y0, a), ARGS, 1e-6), 1e-7)
+    assert_close(g_y0, central_differences(lambda y: forward(y, ARGS), Y0, 1e-6), 1e-7)
+    assert_close(g_args, central_differences(lambda a: forward(Y0, a), ARGS, 1e-6), 1e-7)
 
 
 def test_adaptive_matches_finite_differences():
     """The adaptive solve is piecewise smooth in its inputs (step counts are integers), so the
     difference quotient uses a wide step and a loose tolerance."""
     g_y0, _ = grads("recursive", solver="dopri5")
-    fd = central_difference(lambda y: loss(y, ARGS, "forward", solver="dopri5"), Y0, 1e-3)
+    fd = central_differences(lambda y: loss(y, ARGS, "forward", solver="dopri5"), Y0, 1e-3)
     assert_close(g_y0, fd, 1e-4)
 
 

@@ -12,7 +12,7 @@ from selection import slow_unless
 import odeckpt
 
 G = 9.81
-REVERSE = ("direct", "recursive", "backsolve")
+REVERSE = ("direct", "recursive", "backsolve", "interpolating")
 
 
 def fall(t, y, args):

@@ -28,9 +28,11 @@ from selection import slow_unless
 
 import odeckpt
 from odeckpt._steppers import STEPPERS
+from odeckpt._steppers._implicit import AbstractImplicit
+from odeckpt._steppers._rosenbrock import AbstractRosenbrock
 
 STEPPER_NAMES = sorted(STEPPERS)
-REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity")
+REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating")
 ADJOINTS = (*REVERSE, "forward")
 T1 = 1.0
 FAULTS = (np.nan, np.inf, -np.inf)
@@ -60,9 +62,18 @@ def _step_options(name: str) -> dict:
     return dict(rtol=tol, atol=tol)
 
 
-def _accuracy(name: str) -> float:
-    """How close the healthy lanes' gradients come to the exact one."""
-    return {1: 0.1, 2: 1e-2}.get(STEPPERS[name].order, 1e-4)
+def _accuracy(name: str, adjoint: str) -> float:
+    """How close the healthy lanes' gradients come to the exact one. The continuous adjoints
+    that read `y(t)` from forward re-solves (`InterpolatingAdjoint`; `BacksolveAdjoint` after
+    an implicit stepper) are as accurate as the continuous extension, whose error is that of
+    its degree when that is below the stepper's order (cubic ones: Dopri8 2e-4, Kvaerno4
+    4e-4 here)."""
+    stepper = STEPPERS[name]
+    implicit = issubclass(stepper, AbstractImplicit | AbstractRosenbrock)
+    reads_dense = adjoint == "interpolating" or (adjoint == "backsolve" and implicit)
+    if reads_dense and stepper.dense_degree < stepper.order:
+        return 1e-3
+    return {1: 0.1, 2: 1e-2}.get(stepper.order, 1e-4)
 
 
 def faulty_field(t, y, p):
@@ -147,7 +158,7 @@ def test_faults_fail_loudly_per_lane(name, adjoint, lanes):
     np.testing.assert_allclose(grad[-1], alone[0], rtol=1e-10)
     y0, k = healthy.y0[0], healthy.k[0]
     exact = [2 * y0 * np.exp(-2 * k), -2 * y0**2 * np.exp(-2 * k)]
-    np.testing.assert_allclose(alone[0], exact, rtol=_accuracy(name))
+    np.testing.assert_allclose(alone[0], exact, rtol=_accuracy(name, adjoint))
 
 
 @pytest.mark.parametrize(
@@ -354,7 +365,8 @@ _ZERO_LENGTH = [
 
 
 @pytest.mark.parametrize(
-    "adjoint, solver", slow_unless(_ZERO_LENGTH, fast=_ZERO_LENGTH[:5] + [("forward", "bdf")])
+    "adjoint, solver",
+    slow_unless(_ZERO_LENGTH, fast=_ZERO_LENGTH[: len(ADJOINTS)] + [("forward", "bdf")]),
 )
 def test_zero_length_spans_inside_a_batch(adjoint, solver):
     """A lane with t1 == t0 has y(t1) = y0 and the exact derivatives in t0, t1, y0 and k."""

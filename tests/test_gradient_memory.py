@@ -26,7 +26,12 @@ import numpy as np
 import pytest
 
 import odeckpt
-from odeckpt import BacksolveAdjoint, DirectAdjoint, RecursiveCheckpointAdjoint
+from odeckpt import (
+    BacksolveAdjoint,
+    DirectAdjoint,
+    InterpolatingAdjoint,
+    RecursiveCheckpointAdjoint,
+)
 
 # One pytest-xdist worker runs the module: its tests share compiled measurements.
 pytestmark = pytest.mark.xdist_group("test_gradient_memory")
@@ -34,6 +39,7 @@ pytestmark = pytest.mark.xdist_group("test_gradient_memory")
 SIZE = 2**16
 STEPS = (1000, 4000, 16000)
 CHECKPOINTS = 8
+WINDOW = 16
 STATE_BYTES = SIZE * 8  # float64
 DT = 2.0**-10
 
@@ -95,6 +101,7 @@ def odeckpt_temp(kind: str, n: int, solver: str = "rk4", checkpoints: int = CHEC
         "recursive": RecursiveCheckpointAdjoint(checkpoints=checkpoints),
         "direct": DirectAdjoint(),
         "backsolve": BacksolveAdjoint(),
+        "interpolating": InterpolatingAdjoint(checkpoints=checkpoints, window=WINDOW),
     }
     stepper = {"rk4": odeckpt.RK4(), "tsit5": odeckpt.Tsit5()}[solver]
     return temp_bytes(odeckpt_gradient(adjoints[kind], n, stepper))
@@ -143,6 +150,16 @@ def test_backsolve_memory_is_flat_in_steps():
     temps = [odeckpt_temp("backsolve", n) for n in STEPS]
     assert max(temps) <= 1.1 * min(temps), temps
     assert max(temps) <= 64 * STATE_BYTES, temps
+
+
+def test_interpolating_memory_is_its_checkpoints_and_window():
+    """Flat in the steps: `checkpoints` states and `window` steps of dense output (RK4's
+    polynomials of degree 3: 4 states a step; the window held and the one a re-solve fills),
+    whatever the number of steps."""
+    temps = [odeckpt_temp("interpolating", n) for n in (STEPS[0], STEPS[-1])]
+    assert max(temps) <= 1.1 * min(temps), temps
+    window = WINDOW * (odeckpt.RK4.dense_degree + 1)
+    assert max(temps) <= (CHECKPOINTS + 2 * window + 32) * STATE_BYTES, temps
 
 
 def _compare_with_diffrax(n):

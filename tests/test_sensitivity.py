@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from problems import central_differences
 from selection import slow_unless
 
 import odeckpt
@@ -28,11 +29,6 @@ def _lv_loss(p, y0, t1, adjoint, solver="dopri8", rtol=1e-11):
     return jnp.sum(sol.ys**2)
 
 
-def _central_differences(fn, x, eps=1e-5):
-    basis = np.eye(x.size)
-    return np.array([(fn(x + eps * e) - fn(x - eps * e)) / (2 * eps) for e in basis])
-
-
 @pytest.mark.parametrize("solver", slow_unless(["dopri8", "kvaerno5", "rodas5"], fast={"dopri8"}))
 def test_lotka_volterra_equals_finite_differences(solver):
     """Gradients in `args`, `y0` and `t1` (grad, jvp and jacfwd) equal central differences of a
@@ -41,10 +37,8 @@ def test_lotka_volterra_equals_finite_differences(solver):
     loss = lambda p, y0, t1: _lv_loss(p, y0, t1, fs, solver, 1e-11)
     tight = lambda p, y0, t1: _lv_loss(p, y0, t1, "recursive", "dopri8", 1e-13)
     g_p, g_y0, g_t1 = jax.grad(loss, argnums=(0, 1, 2))(P, Y0, 5.0)
-    np.testing.assert_allclose(g_p, _central_differences(lambda p: tight(p, Y0, 5.0), P), rtol=1e-8)
-    np.testing.assert_allclose(
-        g_y0, _central_differences(lambda y: tight(P, y, 5.0), Y0), rtol=1e-8
-    )
+    np.testing.assert_allclose(g_p, central_differences(lambda p: tight(p, Y0, 5.0), P), rtol=1e-8)
+    np.testing.assert_allclose(g_y0, central_differences(lambda y: tight(P, y, 5.0), Y0), rtol=1e-8)
     fd_t1 = (tight(P, Y0, 5.0 + 1e-5) - tight(P, Y0, 5.0 - 1e-5)) / 2e-5
     np.testing.assert_allclose(g_t1, fd_t1, rtol=1e-8)
     np.testing.assert_allclose(jax.jacfwd(loss)(P, Y0, 5.0), g_p, rtol=1e-8)

@@ -1,7 +1,10 @@
 """Adjoints: how the integration loop is run, and so how a solve is differentiated. One
 contract (`AbstractAdjoint.run(loop, state, outputs) -> RunResult`), one module per adjoint."""
 
-from ._backsolve import BacksolveAdjoint as BacksolveAdjoint
+from ._backsolve import (
+    BacksolveAdjoint as BacksolveAdjoint,
+    InterpolatingAdjoint as InterpolatingAdjoint,
+)
 from ._base import (
     AbstractAdjoint as AbstractAdjoint,
     GradientStats as GradientStats,
@@ -17,6 +20,7 @@ from ._sensitivity import ForwardSensitivity as ForwardSensitivity
 ADJOINTS: dict[str, type[AbstractAdjoint]] = {
     "recursive": RecursiveCheckpointAdjoint,
     "backsolve": BacksolveAdjoint,
+    "interpolating": InterpolatingAdjoint,
     "direct": DirectAdjoint,
     "forward": ForwardMode,
     "forward_sensitivity": ForwardSensitivity,

@@ -64,7 +64,8 @@ class Backward(eqx.Module):
     stops: Stops
 
     def segment(self, field, args, s0, s1, z, dt):
-        """Integrate the backward system `field` from `s0` to `s1` (`s = -tau`). Returns the end
+        """Integrate the backward system `field` from `s0` to `s1` (`s` the backward time, `-tau`
+        or `origin - tau`, increasing as `tau` decreases). Returns the end
         value, the step size to go on with, and the segment's `BackwardStats`."""
         piece = IntegrationLoop(
             f=field, args=args, stepper=self.setup.error_stepper,
@@ -196,7 +197,8 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
     zero = jnp.zeros((), jnp.int32)
 
     def refill(tau):
-        row = jnp.sum(anchors.t < tau) - 1
+        # The latest stored state before `tau` (the rows need not be in time order).
+        row = jnp.argmax(jnp.where(anchors.t < tau, anchors.t, -jnp.inf))
         start = jax.tree.map(lambda x: x[row], anchors)
         window_loop = setup.window_loop(loop, problem, diff, tau)
         return solve_window(window_loop, start.t, start.y, start.dt, setup.window)
@@ -214,15 +216,23 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
         # Not past `tau`: a stop at `tau` itself (a save at `t1`) leaves the window unfilled
         # (its start `inf`), and the segment is empty.
         tau_end = jnp.minimum(jnp.maximum(tau_stop, window.start), tau)
-        a_g, dt, segment = backward.segment(problem.adjoint, (diff, window), -tau, -tau_end,
-                                            carry.a_g, carry.dt)  # fmt: skip
+        # Each stretch runs in the time `tau - t` from its start (its origin), which resolves
+        # the fast transients a jump in `a` starts there however far `tau` lies from 0.
+        a_g, dt, segment = backward.segment(problem.adjoint, (diff, window, tau),
+                                            jnp.zeros_like(tau), tau - tau_end, carry.a_g,
+                                            carry.dt)  # fmt: skip
         reached = tau_end <= tau_stop
         _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
         no_drift = jnp.zeros((), final.t.dtype)
         window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32), no_drift)
-        # The re-solved state against the forward one: at the final state when the first
-        # window arrives, and at the saved outputs the window covers.
-        at_end = backward.drift(window.evaluate(tau), final.y, needed & (tau == final.t))
+        # The re-solved state against the forward one: where a new window ends, at the final
+        # state or at the stored state the previous window started from; and at the saved
+        # outputs the window covers.
+        at_anchor = anchors.t == tau
+        forward_y = jax.tree.map(lambda y: y[jnp.argmax(at_anchor)], anchors.y)
+        forward_y = jax.tree.map(lambda a, b: jnp.where(tau == final.t, a, b), final.y, forward_y)
+        measured = needed & ((tau == final.t) | jnp.any(at_anchor))
+        at_end = backward.drift(window.evaluate(tau), forward_y, measured)
         covered = reached & (window.start <= tau_end)
         at_stop = backward.drift_at(jnp.where(covered, j, -1), window.evaluate(tau_end))
         next_stop = carry.next_stop + reached
@@ -233,7 +243,7 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
     window = Window.empty(setup.window_loop(loop, problem, diff, tau1), tau1, final.y,
                           setup.window)  # fmt: skip
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
-    dt = backward.first_dt(problem.adjoint_at(final.y), -tau1, a_g, diff)
+    dt = backward.first_dt(problem.adjoint_at(final.y, tau1), jnp.zeros_like(tau1), a_g, diff)
     carry = _AdjointCarry(zero, tau1, a_g, dt, window, BackwardStats.none(tau1.dtype))
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
     done = jax.lax.while_loop(cond, body, carry)

@@ -12,59 +12,15 @@ import jax.numpy as jnp
 from ..._checks import all_finite
 from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
-from ..._outputs import Outputs, Writes
+from ..._outputs import Outputs
 from ..._status import Status
 from ...checkpointing import Sweeps, differentiable
-from .._base import AbstractWatch, while_loop
+from .._base import while_loop
+from ._anchors import Anchoring
 from ._backward import Backward, BackwardStats, solve_backwards, solve_with_forward_states
 from ._problem import Problem, pair
 from ._setup import BackwardSetup
-from ._stops import Stops, StoredStates, dense_stops, output_stops
-
-_BACKWARD_FAILED = (
-    "BacksolveAdjoint: the backward (adjoint) solve failed (max_steps reached, step size "
-    "underflow, a non-finite adjoint, or the reconstructed state drifted from the forward "
-    "solution by more than `max_drift`). Fix: re-anchor with "
-    "`BacksolveAdjoint(checkpoints=...)` or use `reconstruct='forward'`, tighten the backward "
-    "`rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, whose gradients "
-    "do not solve a backward ODE."
-)
-
-
-class _Store(AbstractWatch):
-    """Stores the first accepted step end at or after each of the `targets` times."""
-
-    targets: jax.Array
-    stored: StoredStates
-    next_slot: jax.Array
-
-    @classmethod
-    def make(cls, k: int, state: LoopState, t_end) -> "_Store":
-        """`k` slots for the times `t0 + j (t_end - t0) / (k + 1)`, `j = 1..k`."""
-        fractions = jnp.arange(1, k + 1, dtype=state.t.dtype) / (k + 1)
-        stored = StoredStates(
-            t=jnp.full((k,), jnp.inf, state.t.dtype),
-            y=jax.tree.map(lambda y: jnp.full((k, *y.shape), jnp.inf, y.dtype), state.y),
-            dt=jnp.zeros((k,), state.dt.dtype),
-        )
-        targets = state.t + fractions * (t_end - state.t)
-        return cls(targets, stored, jnp.zeros((), jnp.int32))
-
-    def update(self, before: LoopState, after: LoopState, writes: Writes) -> "_Store":
-        k = self.targets.shape[0]
-        accepted = after.num_accepted > before.num_accepted
-        target = self.targets[jnp.minimum(self.next_slot, k - 1)]
-        hit = accepted & (self.next_slot < k) & (after.t >= target)
-        index = jnp.where(hit, self.next_slot, k)
-        put = lambda buffer, value: buffer.at[index].set(value, mode="drop")
-        stored = StoredStates(
-            t=put(self.stored.t, after.t),
-            y=jax.tree.map(put, self.stored.y, after.y),
-            dt=put(self.stored.dt, after.dt),
-        )
-        # A long step may pass several targets; they share this one stored state.
-        passed = jnp.sum(self.targets <= after.t, dtype=self.next_slot.dtype)
-        return _Store(self.targets, stored, jnp.where(hit, passed, self.next_slot))
+from ._stops import Stops, dense_stops, output_stops
 
 
 class BacksolveInputs(NamedTuple):
@@ -94,21 +50,23 @@ class _Arguments(NamedTuple):
 
 
 FORWARD_MODE_ERROR = (
-    "adjoint=BacksolveAdjoint() supports reverse mode only (jax.grad, jax.vjp, jax.jacrev). "
-    "Fix: for jax.jvp / jax.jacfwd use adjoint='forward' (ForwardMode) or adjoint='direct' "
-    "(DirectAdjoint)."
+    "The continuous adjoints (BacksolveAdjoint, InterpolatingAdjoint) support reverse mode only "
+    "(jax.grad, jax.vjp, jax.jacrev). Fix: for jax.jvp / jax.jacfwd use "
+    "adjoint='forward_sensitivity' (error-controlled sensitivities), adjoint='forward' "
+    "(ForwardMode) or adjoint='direct' (DirectAdjoint)."
 )
 
 
-def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, checkpoints: int | None):
+def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, anchoring: Anchoring | None):
     """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
-    by solving the adjoint equations backwards (forward mode raises, naming the fix)."""
+    by solving the adjoint equations backwards (forward mode raises, naming the fix). The
+    forward solve stores states as `anchoring` says (`None`: none)."""
     arrays, static = eqx.partition(_Arguments.of(inputs, setup), eqx.is_array)
     whole = lambda arrays: eqx.combine(arrays, static)
 
     def sweeps() -> Sweeps:
         def forward(arrays: _Arguments):
-            final, outputs, stored = _forward(whole(arrays).inputs, checkpoints)
+            final, outputs, stored = _forward(whole(arrays).inputs, anchoring)
             return (final, outputs), (final, outputs, stored)
 
         def reverse(arrays: _Arguments, saved, ct_out, want: _Arguments) -> _Arguments:
@@ -118,14 +76,14 @@ def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, checkpoints: int | 
 
         return Sweeps(forward, reverse)
 
-    primal = lambda arrays: _forward(whole(arrays).inputs, checkpoints)[:2]
+    primal = lambda arrays: _forward(whole(arrays).inputs, anchoring)[:2]
     return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
 
 
-def _forward(inputs: BacksolveInputs, checkpoints: int | None):
-    """The plain forward solve, storing `checkpoints` step-end states on the way."""
+def _forward(inputs: BacksolveInputs, anchoring: Anchoring | None):
+    """The plain forward solve, storing step-end states on the way as `anchoring` says."""
     loop, state, outputs = inputs
-    store = None if checkpoints is None else _Store.make(checkpoints, state, loop.t_end)
+    store = None if anchoring is None else anchoring.watch(state, loop.t_end)
     final, outputs, store = while_loop(loop, state, outputs, store)
     return final, outputs, None if store is None else store.stored
 
@@ -163,7 +121,7 @@ def _reverse(
         (a, g), stats = solve_backwards(backward, (final.y, a, g))
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
-    a, g = _checked(loop, final, stats, (a, g))
+    a, g = _checked(loop, final, stats, (a, g), setup.failure)
     g_f, g_args = g
     grad_loop = dataclasses.replace(
         empty(loop), f=g_f, args=g_args, t_end=ct_t_end,
@@ -174,13 +132,13 @@ def _reverse(
     return BacksolveInputs(grad_loop, grad_init, None)
 
 
-def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g):
-    """`a_g`, raising (with `throw`) if the backward solve failed after a successful forward
-    one, and NaN wherever either failed. A failed forward solve has NaN derivatives already
+def _checked(loop: IntegrationLoop, final: LoopState, stats: BackwardStats, a_g, message: str):
+    """`a_g`, raising `message` (with `throw`) if the backward solve failed after a successful
+    forward one, and NaN wherever either failed. A failed forward solve has NaN derivatives already
     (and raised, with `throw`): its backward solve fails too, and says nothing more."""
     forward_ok = loop.final_status(final) == Status.successful
     if loop.throw:
-        a_g = eqx.error_if(a_g, forward_ok & ~stats.succeeded, _BACKWARD_FAILED)
+        a_g = eqx.error_if(a_g, forward_ok & ~stats.succeeded, message)
     failed = ~(forward_ok & stats.succeeded)
     return jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), a_g)
 

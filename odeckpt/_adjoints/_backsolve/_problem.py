@@ -30,20 +30,23 @@ class Problem(eqx.Module):
         return jax.tree.map(jnp.negative, dy), a_y, a_g
 
     def adjoint(self, s, z, args):
-        """The system of `(a, g)` alone, with `y(t)` read from a forward window:
-        `args = (diff, window)`."""
+        """The system of `(a, g)` alone in the time `s = origin - tau` (which resolves short
+        steps near `origin` however far it lies from 0), with `y(t)` read from a forward
+        window: `args = (diff, window, origin)`."""
         a, _ = z
-        diff, window = args
-        y = window.evaluate(-s)
-        _, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
+        diff, window, origin = args
+        tau = origin - s
+        y = window.evaluate(tau)
+        _, vjp = jax.vjp(lambda y, d: self.f(tau, y, d), y, diff)
         return vjp(a)
 
-    def adjoint_at(self, y: Y):
-        """The system of `(a, g)` with `y` frozen (to choose the first backward step size)."""
+    def adjoint_at(self, y: Y, origin):
+        """The system of `(a, g)` in `s = origin - tau` with `y` frozen (to choose the first
+        backward step size)."""
 
         def field(s, z, diff):
             a, _ = z
-            _, vjp = jax.vjp(lambda y, d: self.f(-s, y, d), y, diff)
+            _, vjp = jax.vjp(lambda y, d: self.f(origin - s, y, d), y, diff)
             return vjp(a)
 
         return field

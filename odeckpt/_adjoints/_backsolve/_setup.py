@@ -26,6 +26,7 @@ class BackwardSetup(eqx.Module):
     - `max_drift`: the largest drift of the reconstructed state from the forward one that
         the backward solve accepts (see `BacksolveAdjoint`).
     - `on_backward`: the user's callback for the backward solve's statistics, or `None`.
+    - `failure`: the error message (with the fixes) when the backward solve fails.
     """
 
     stepper: AbstractStepper
@@ -36,6 +37,7 @@ class BackwardSetup(eqx.Module):
     window: int = eqx.field(static=True)
     max_drift: float
     on_backward: Callable[[dict], None] | None = eqx.field(static=True)
+    failure: str = eqx.field(static=True)
 
     @property
     def error_stepper(self) -> AbstractStepper:

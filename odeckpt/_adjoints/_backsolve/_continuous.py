@@ -1,0 +1,187 @@
+"""What the continuous adjoints (`BacksolveAdjoint`, `InterpolatingAdjoint`) share: their
+settings' checks, how they run the forward solve, and how their backward solve is set up."""
+
+import abc
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..._checks import known_values, tightest
+from ..._controllers import AbstractController, PIDController
+from ..._events import EventSet
+from ..._integrate import IntegrationLoop
+from ..._saveat import SaveAt
+from ..._steppers._base import AbstractStepper
+from ..._steppers._implicit import with_newton_tolerances
+from ..._validate import count
+from .._base import AbstractAdjoint, GradientStats, RunResult
+from ._anchors import Anchoring
+from ._gradient import BacksolveInputs, backsolve
+from ._setup import BackwardSetup
+
+
+class ContinuousAdjoint(AbstractAdjoint):
+    """A gradient from the adjoint equations solved backwards in time. A subclass has the
+    fields `solver`, `rtol`, `atol`, `checkpoints`, `window`, `max_drift` and `on_backward`
+    (see `BacksolveAdjoint`), and says how the forward state is reconstructed."""
+
+    @abc.abstractmethod
+    def anchoring(self) -> Anchoring | None:
+        """Where the forward solve stores states for the backward solve (`None`: nowhere)."""
+
+    @abc.abstractmethod
+    def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
+        """Whether the backward solve with `stepper` reads `y(t)` from forward re-solves
+        (rather than integrating it backwards)."""
+
+    @abc.abstractmethod
+    def resolve_controller(
+        self, loop: IntegrationLoop, backward: AbstractController
+    ) -> AbstractController:
+        """The controller of the forward re-solves, given the backward solve's."""
+
+    @property
+    @abc.abstractmethod
+    def seminormed(self) -> bool:
+        """Whether the parameter integral is left out of the backward error estimate."""
+
+    @property
+    @abc.abstractmethod
+    def failure_fix(self) -> str:
+        """What to do when the backward solve fails (the end of the error message)."""
+
+    def __check_init__(self):
+        name = type(self).__name__
+        count(f"{name}(window=...)", self.window, "e.g. window=64")
+        examples = {
+            "rtol": "rtol=1e-6",
+            "atol": "atol=1e-8",
+            "max_drift": "max_drift=1000.0, or max_drift=math.inf for no check",
+        }
+        for field, example in examples.items():
+            value = known_values(f"{name}({field})", getattr(self, field))
+            if value is not None and not np.all(value > 0):
+                raise ValueError(
+                    f"{name}({field}={getattr(self, field)}) must be positive. Fix: pass e.g. "
+                    f"{name}({example})."
+                )
+        if self.solver is not None and not isinstance(self.solver, AbstractStepper):
+            raise TypeError(
+                f"{name}(solver={self.solver!r}) is not a stepper. Fix: pass e.g. "
+                "`odeckpt.Tsit5()`."
+            )
+        _check_callback(name, self.on_backward)
+
+    def check_events(self, events):
+        if any(e.update is not None for e in events):
+            raise ValueError(
+                f"{type(self).__name__} supports terminal events only, not events with "
+                "`update=` (a jump needs the state before it, which the backward solve does "
+                "not keep). Fix: use adjoint='recursive' (the default), 'direct' or 'forward'."
+            )
+
+    def run(self, loop, state, outputs):
+        setup = self.setup(loop)
+        # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
+        # boundary (and get gradients like `args`).
+        f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
+        events = _events(type(self).__name__, loop, state)
+        loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat), events=events)
+        anchoring = self.anchoring()
+        final, outputs = backsolve(BacksolveInputs(loop, state, outputs), setup, anchoring)
+        num_checkpoints = jnp.asarray(0 if anchoring is None else anchoring.slots, jnp.int32)
+        return RunResult(final, outputs, GradientStats(num_checkpoints, jnp.zeros((), jnp.int32)))
+
+    def setup(self, loop: IntegrationLoop) -> BackwardSetup:
+        """How the backward solve runs after a forward solve of `loop` (raises, naming the fix,
+        on a configuration it cannot run)."""
+        name = type(self).__name__
+        controller = self._controller(loop.controller)
+        stepper = loop.stepper if self.solver is None else self.solver
+        if isinstance(controller, PIDController):
+            if stepper.error_order is None:
+                raise ValueError(
+                    f"{name}: the backward stepper {type(stepper).__name__} has no error "
+                    "estimate for the adaptive backward solve. Fix: pass "
+                    f"`{name}(solver=odeckpt.Tsit5())` or another adaptive stepper."
+                )
+            # Newton's increments are measured at the backward tolerances (a small `atol` for
+            # tiny components), not at the stepper's standalone defaults.
+            stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol)
+        failure = (
+            f"{name}: the backward (adjoint) solve failed (max_steps reached, step size "
+            "underflow, a non-finite adjoint, or the reconstructed state drifted from the "
+            f"forward solution by more than `max_drift`). Fix: {self.failure_fix}, tighten the "
+            "backward `rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, "
+            "whose gradients do not solve a backward ODE."
+        )
+        return BackwardSetup(
+            stepper=stepper, controller=controller,
+            window_controller=self.resolve_controller(loop, controller),
+            seminorm=self.seminormed, reconstruct_forward=self.reconstructs_forward(stepper),
+            window=self.window, max_drift=self.max_drift, on_backward=self.on_backward,
+            failure=failure,
+        )  # fmt: skip
+
+    def _controller(self, controller: AbstractController) -> AbstractController:
+        """The backward solve's controller: the forward one at the backward tolerances."""
+        if isinstance(controller, PIDController):
+            # The augmented state is not shaped like y: tolerances per leaf become one number.
+            return dataclasses.replace(
+                controller,
+                rtol=tightest(controller.rtol) if self.rtol is None else self.rtol,
+                atol=tightest(controller.atol) if self.atol is None else self.atol,
+            )
+        if self.rtol is None and self.atol is None:
+            return controller
+        if self.rtol is None or self.atol is None:
+            raise ValueError(
+                f"{type(self).__name__} after a constant-step solve needs both `rtol` and "
+                "`atol` for an adaptive backward solve (or neither, for constant steps)."
+            )
+        return PIDController(rtol=self.rtol, atol=self.atol)
+
+
+def _check_callback(name: str, on_backward) -> None:
+    if on_backward is None:
+        return
+    if not callable(on_backward):
+        raise TypeError(
+            f"{name}(on_backward={on_backward!r}) is not callable. Fix: pass a function "
+            "taking one dict, e.g. `on_backward=records.append` or `on_backward=print`."
+        )
+    try:
+        hash(on_backward)
+    except TypeError:
+        raise TypeError(
+            f"{name}(on_backward={on_backward!r}) is not hashable, and `jax.jit` caches "
+            "on it. Fix: pass a function or a bound method (e.g. "
+            "`on_backward=recorder.record`)."
+        ) from None
+
+
+def _flags_only(saveat: SaveAt) -> SaveAt:
+    """`saveat` without its `ts` array: the loop reads `loop.ts`, and only the flags here."""
+    return SaveAt(t1=True, steps=saveat.steps, dense=saveat.dense)
+
+
+def _events(name: str, loop: IntegrationLoop, state) -> EventSet | None:
+    """The loop's events with their functions closure-converted (so that they may cross the
+    custom_vjp boundary), raising if one closes over arrays: the backward solve differentiates
+    an event's `fn` through `args` only."""
+    if loop.events is None:
+        return None
+    events = []
+    for event in loop.events.events:
+        fn = eqx.filter_closure_convert(event.fn, state.t, state.y, loop.args)
+        if any(eqx.is_inexact_array(x) for x in jax.tree.leaves(fn)):
+            raise ValueError(
+                f"{name}: an Event's fn closes over arrays, whose gradients the "
+                "backward solve cannot reach. Fix: pass them through `args` "
+                "(`fn(t, y, args)`), or use adjoint='recursive'."
+            )
+        events.append(dataclasses.replace(event, fn=fn))
+    return dataclasses.replace(loop.events, events=tuple(events))
