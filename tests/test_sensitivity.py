@@ -167,15 +167,14 @@ def _digits(value, reference):
 @pytest.mark.slow
 def test_van_der_pol_sensitivities_converge_to_the_reference():
     """The error-controlled derivative converges to scipy's as the tolerance shrinks, and at
-    rtol 1e-6 has the right sign and magnitude where the discrete derivative (DirectAdjoint)
-    has the wrong sign."""
+    rtol 1e-6 has the right sign and magnitude (which the discrete derivative had not when
+    issue 20 was filed: -4.57; docs/which-adjoint.md)."""
     reference = _van_der_pol_reference()
     assert abs(reference - 2.8074) < 1e-4
     fs = odeckpt.ForwardSensitivity()
     loose, tight = _van_der_pol_gradient(fs, 1e-6), _van_der_pol_gradient(fs, 1e-8, "rodas5")
-    assert _digits(loose, reference) >= 1
+    assert abs(loose - reference) < 0.2 * reference  # the right sign and magnitude
     assert _digits(tight, reference) >= 2.5
-    assert _van_der_pol_gradient("direct", 1e-6) < 0  # the issue's wrong sign
 
 
 @pytest.mark.slow
