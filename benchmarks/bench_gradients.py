@@ -309,7 +309,8 @@ def run_pair(problem: Problem, pair: Pair, counts: dict, timing_options: dict) -
     }
     g_peer = jax.jit(peer)(*args)
     try:
-        g_ours = jax.jit(ours)(*args)
+        # Waited for here: on a GPU a refusal arrives with the result.
+        g_ours = jax.block_until_ready(jax.jit(ours)(*args))
     except jax.errors.JaxRuntimeError as error:
         # odeckpt refuses a gradient it cannot vouch for (e.g. BacksolveAdjoint's drift
         # check); the row says so instead of timing it.

@@ -33,7 +33,7 @@ def test_steps_fit_ten_minutes(tmp_path):
     assert [step.name for step in steps] == ["tests", "offload", "layers", "gradients", "forward"]
     assert sum(step.timeout for step in steps) <= 600
     offload = next(step for step in steps if step.name == "offload").command
-    assert offload[offload.index("--sizes") + 1 :][:7] == [str(p) for p in range(16, 23)]
+    assert offload[offload.index("--sizes") + 1 :][:4] == ["16", "18", "20", "22"]
     for step in steps[1:]:
         assert f"gpu-{step.name}" in step.command  # results named gpu-*
     for path in suite.GPU_TESTS:

@@ -21,6 +21,8 @@ import jax.tree_util as jtu
 from jax import lax
 from jax.custom_batching import custom_vmap
 
+from .schedules._planner import MIN_HOST_SLOTS
+
 HOST_MEMORY_KIND = "pinned_host"
 
 
@@ -39,12 +41,14 @@ def check_host_memory(where: str, device=None) -> None:
 
 
 def allocate(template, slots: int, witness):
-    """Host buffers `[slots, *leaf.shape]` for the leaves of `template` (contents unspecified).
+    """Host buffers `[max(slots, MIN_HOST_SLOTS), *leaf.shape]` for the leaves of `template`
+    (contents unspecified).
 
     Under `vmap` every buffer is batched as soon as `template` or `witness` (whatever the
     stored values are computed from) is, so that a store never broadcasts a host buffer.
     """
     batched_any = _any_batched(witness)
+    slots = max(slots, MIN_HOST_SLOTS)
     return jtu.tree_map(lambda x: _allocate(0, slots)(x, batched_any), template)
 
 

@@ -17,6 +17,9 @@ DEFAULT_MIN_CHECKPOINTS = 4
 offloading plan keeps when given no device budget."""
 DEFAULT_HOST_MEMORY_BUDGET = 4 * 2**30
 """Host budget of an offloading plan given no host budget or host checkpoints: 4 GiB."""
+MIN_HOST_SLOTS = 2
+"""Slots of the smallest host buffer: a one-slot buffer would be read and written whole, which
+XLA:GPU folds into a bitcast across memory spaces and fails to compile."""
 
 _UNITS = {
     "": 1,
@@ -105,7 +108,8 @@ class Plan:
         `checkpoints` (device slots, slot 0 holding the copy of the segment's start) reverse
         each segment by Revolve. Then `memory_bytes` counts device memory only.
     - `segment`: steps between host snapshots (`None` without `offload`).
-    - `host_checkpoints`, `host_bytes`: host snapshots and their bytes at `steps`.
+    - `host_checkpoints`: host snapshots at `steps`; `host_bytes`: the host buffer's bytes, with
+        at least `MIN_HOST_SLOTS` slots (XLA:GPU cannot compile a one-slot host buffer).
     - `transfers`: predicted copies between device and host at `steps` (one write and one
         read per segment).
 
@@ -324,7 +328,7 @@ def _offload_plan(steps, snapshot_bytes, residual_bytes, checkpoints, memory_bud
         offload="host",
         segment=segment,
         host_checkpoints=h,
-        host_bytes=h * snapshot_bytes,
+        host_bytes=max(h, MIN_HOST_SLOTS) * snapshot_bytes,
         transfers=2 * h,
     )
 
