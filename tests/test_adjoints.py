@@ -40,10 +40,10 @@ ARGS = (jnp.asarray(1.1), jnp.asarray(0.6))
 TS = jnp.linspace(0.0, 3.0, 100)
 
 
-def loss(y0, args, adjoint, solver="tsit5", constant=False, t1=3.0, **kwargs):
+def loss(y0, args, adjoint, solver="tsit5", constant=False, t1=3.0, tol=None, **kwargs):
     step = dict(controller=odeckpt.ConstantStep(), dt0=0.05) if constant else {}
     # Low-order methods would need tens of thousands of steps at the tolerance of the others.
-    tol = 1e-7 if STEPPERS[solver].order >= 3 else 1e-4
+    tol = tol or (1e-7 if STEPPERS[solver].order >= 3 else 1e-4)
     sol = odeckpt.solve(
         vector_field,
         y0,
@@ -63,7 +63,9 @@ def loss(y0, args, adjoint, solver="tsit5", constant=False, t1=3.0, **kwargs):
 
 def grads(adjoint, **kwargs):
     return jax.jit(
-        jax.grad(loss, argnums=(0, 1)), static_argnums=(2,), static_argnames=("solver", "constant")
+        jax.grad(loss, argnums=(0, 1)),
+        static_argnums=(2,),
+        static_argnames=("solver", "constant", "tol"),
     )(Y0, ARGS, adjoint, **kwargs)
 
 
@@ -74,11 +76,13 @@ def assert_close(a, b, rtol):
 
 @pytest.mark.parametrize("solver", steppers(sorted(STEPPERS), fast={"rk4"}))
 def test_recursive_equals_direct_constant_steps(solver):
-    direct = grads(odeckpt.DirectAdjoint(), solver=solver, constant=True)
+    # With constant steps the tolerance only stops the Newton iterations. BDF starts at order
+    # 1, whose steps of 0.05 are 1e-3 off: from there its iteration cannot reach a small
+    # fraction of 1e-7 in its 4 iterations (`newton_failed`), but can of 1e-4.
+    kw = dict(solver=solver, constant=True, tol=1e-4 if solver == "bdf" else None)
+    direct = grads(odeckpt.DirectAdjoint(), **kw)
     for c in (2, 7):
-        recursive = grads(
-            odeckpt.RecursiveCheckpointAdjoint(checkpoints=c), solver=solver, constant=True
-        )
+        recursive = grads(odeckpt.RecursiveCheckpointAdjoint(checkpoints=c), **kw)
         assert_close(recursive, direct, 1e-10)
 
 
