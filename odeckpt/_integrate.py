@@ -246,9 +246,11 @@ class IntegrationLoop(eqx.Module):
         valid = accept & valid
         t_save = self.ts[jnp.minimum(index, self.ts.shape[0] - 1)]
         # A zero-length step (a lane that finished, stepped in lockstep under vmap) must not
-        # make 0/0, whose NaN would leak into gradients through the masking.
+        # make 0/0, nor a row of `ts` that is not finite (a repeated save time) inf * 0: their
+        # NaN would leak into gradients through the masking.
         h = t1 - state.t
-        theta = (t_save - state.t) / jnp.where(h > 0, h, 1)
+        moved = jnp.where(jnp.isfinite(t_save), t_save, state.t) - state.t
+        theta = moved / jnp.where(h > 0, h, 1)
         values = jax.tree.map(
             lambda c, y: jnp.where(_rows(t_save == t_reached, y), y, polynomial(c, theta)),
             dense, y_reached,
@@ -323,8 +325,10 @@ class Reached(eqx.Module):
 
 def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
     """`y0` once per save time, plus `(ts - t0) * f0` whose value is zero: its derivatives in
-    `ts` and `t0` are those of the exact solution at `ts = t0`."""
-    moved = ts - t0
+    `ts` and `t0` are those of the exact solution at `ts = t0`. (Rows of `ts` that are not
+    finite, the repeats of a save time, move nothing: `inf - inf` would make their derivatives
+    NaN, and NaN times the zero cotangent of an overwritten row is NaN.)"""
+    moved = jnp.where(jnp.isfinite(ts), ts, t0) - t0
     moved = moved - jax.lax.stop_gradient(moved)
 
     def rows(y, f):

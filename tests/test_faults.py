@@ -47,8 +47,6 @@ def _covering_pairs() -> set[tuple[str, str]]:
 def _pairs():
     fast = _covering_pairs()
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
-        if adjoint == "forward_sensitivity" and STEPPERS[name].carries_history:
-            continue  # refused at call time (tests/test_sensitivity.py)
         marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
         yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
 
@@ -356,11 +354,35 @@ def test_derivatives_in_save_times_at_t0(adjoint):
     np.testing.assert_allclose([d_t0, d_ts[0], d_ts[1]], [k, -k, 0.0], atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "adjoint", slow_unless(ADJOINTS, fast={"recursive", "backsolve", "forward_sensitivity"})
+)
+def test_derivatives_with_repeated_save_times(adjoint):
+    """Save times at `t0`, repeated and at `t1`: the derivatives of every row in `k` and `y0`
+    are the closed form's (a repeat is a row the loop never writes, holding inf, whose zero
+    cotangent must not make NaN)."""
+    ts = jnp.array([0.0, 0.5, 0.5, 1.0, 1.0])
+
+    def saved(k, y0):
+        sol = odeckpt.solve(
+            lambda t, y, k: -k * y, y0, (0.0, 1.0), k, saveat=ts, adjoint=adjoint, rtol=1e-10,
+            atol=1e-12,
+        )  # fmt: skip
+        return sol.ys[:, 0]
+
+    derivative = jax.jacfwd if adjoint == "forward" else jax.jacrev
+    d_k, d_y0 = derivative(saved, argnums=(0, 1))(0.7, jnp.ones(1))
+    decay = np.exp(-0.7 * np.asarray(ts))
+    np.testing.assert_allclose(d_k, -np.asarray(ts) * decay, atol=1e-8)
+    np.testing.assert_allclose(d_y0[:, 0], decay, atol=1e-8)
+
+
 # Every adjoint with the default stepper, and the steppers that carry more than the last step
 # in their state (Radau5's collocation polynomial, BDF's history) with one adjoint each.
 _ZERO_LENGTH = [
     *[(adjoint, "tsit5") for adjoint in ADJOINTS],
     ("recursive", "radau"), ("backsolve", "radau"), ("direct", "bdf"), ("forward", "bdf"),
+    ("forward_sensitivity", "radau"), ("forward_sensitivity", "bdf"),
 ]  # fmt: skip
 
 

@@ -29,7 +29,9 @@ def _lv_loss(p, y0, t1, adjoint, solver="dopri8", rtol=1e-11):
     return jnp.sum(sol.ys**2)
 
 
-@pytest.mark.parametrize("solver", slow_unless(["dopri8", "kvaerno5", "rodas5"], fast={"dopri8"}))
+@pytest.mark.parametrize(
+    "solver", slow_unless(["dopri8", "kvaerno5", "rodas5", "radau", "bdf"], fast={"dopri8"})
+)
 def test_lotka_volterra_equals_finite_differences(solver):
     """Gradients in `args`, `y0` and `t1` (grad, jvp and jacfwd) equal central differences of a
     tight solve to 1e-8."""
@@ -185,12 +187,29 @@ def test_van_der_pol_four_digits_at_rtol_1e_6():
 
 
 @pytest.mark.parametrize("solver", ["radau", "bdf"])
-def test_steppers_with_a_history_are_refused(solver):
-    with pytest.raises(ValueError, match="carries values from earlier steps"):
-        odeckpt.solve(
-            lambda t, y, k: -k * y, jnp.ones(2), (0.0, 1.0), 1.0, solver=solver,
-            adjoint="forward_sensitivity",
+def test_steppers_with_a_history(solver):
+    """Radau5 (its Newton iteration starts from the last step's polynomial, which does not
+    change the converged stages) and BDF (whose steps are linear in its history of differences,
+    whose sensitivities travel with it), on the Prothero-Robinson equations
+    `y' = -lam (y - cos t) - sin t`, `y = cos t + (y0 - 1) exp(-lam t)`: the derivatives in
+    `lam` and `y0` by `jacfwd` and `grad` equal the closed form to the tolerance."""
+    lam, y0, t1 = jnp.array([50.0, 2.0]), jnp.array([2.0, 3.0]), 0.2
+
+    def final(lam, y0):
+        sol = odeckpt.solve(
+            lambda t, y, lam: -lam * (y - jnp.cos(t)) - jnp.sin(t), y0, (0.0, t1), lam,
+            solver=solver, adjoint="forward_sensitivity", rtol=1e-8, atol=1e-10,
         )  # fmt: skip
+        return sol.ys[-1]
+
+    decay = np.exp(-np.asarray(lam) * t1)
+    exact_lam = np.diag(-(np.asarray(y0) - 1) * t1 * decay)
+    d_lam, d_y0 = jax.jit(jax.jacfwd(final, argnums=(0, 1)))(lam, y0)
+    np.testing.assert_allclose(d_lam, exact_lam, atol=1e-8)
+    np.testing.assert_allclose(d_y0, np.diag(decay), atol=1e-8)
+    weights = jnp.array([1.0, -2.0])
+    g_lam = jax.jit(jax.grad(lambda lam: final(lam, y0) @ weights))(lam)
+    np.testing.assert_allclose(g_lam, weights @ exact_lam, atol=1e-8)
 
 
 def test_events_are_refused_with_the_fix():

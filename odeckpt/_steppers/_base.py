@@ -121,17 +121,23 @@ class AbstractStepper(eqx.Module):
         that derivative itself (every explicit stepper)."""
         return state
 
-    carries_history: ClassVar[bool] = False
-    """Whether the stepper state holds values from earlier steps beyond `f(t, y, args)` and
-    caches (a multistep history, a predictor polynomial), so that a step is not a function
-    of `(t, y, derivative)` alone."""
-
     def with_derivative(self, state: Y, derivative: Y) -> Y:
-        """`state` with the part that `derivative` returns replaced by `derivative` (so that
-        forward sensitivities can differentiate a step with respect to it); the default: the
-        state is that derivative itself."""
+        """`state` with the part that `derivative` returns replaced by `derivative`; the
+        default: the state is that derivative itself."""
         del state
         return derivative
+
+    def differentiable_state(self, state: Y) -> Y:
+        """The part of `state` that a step depends on differentiably, beyond `(y, args)`:
+        what forward sensitivities differentiate a step with respect to, and carry a tangent
+        of from step to step. The default: `derivative(state)` (a multistep method adds its
+        history; a starting guess or a cache is not part of it)."""
+        return self.derivative(state)
+
+    def with_differentiable_state(self, state: Y, part: Y) -> Y:
+        """`state` with its `differentiable_state` replaced by `part`; `derivative` of the
+        result is read from `part` alone."""
+        return self.with_derivative(state, part)
 
     def with_fresh_jacobian(self, state: Y) -> Y:
         """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;

@@ -109,6 +109,13 @@ NDF_COEFFICIENTS = BDFCoefficients(kappa=np.array([0, -0.1850, -1 / 9, -0.0823, 
 """Klopfenstein and Shampine's numerical differentiation formulas, as in ode15s and scipy."""
 
 
+class BDFHistory(eqx.Module):
+    """What a `BDF` step depends on differentiably besides `(y, args)` (see `BDFState`)."""
+
+    f: Y
+    differences: Array
+
+
 class BDFState(eqx.Module):
     """What `BDF` carries between steps.
 
@@ -224,6 +231,16 @@ class BDF(AbstractProposer):
             h=jnp.ones((), t0.dtype),
             order=jnp.ones((), jnp.int32),
             equal_steps=jnp.zeros((), jnp.int32),
+        )
+
+    def differentiable_state(self, state: BDFState) -> BDFHistory:
+        """**Returns:** `f(t, y, args)` and the backward differences: a step's predictor and
+        its implicit equation are linear in the differences."""
+        return BDFHistory(state.implicit.f, state.differences)
+
+    def with_differentiable_state(self, state: BDFState, part: BDFHistory) -> BDFState:
+        return dataclasses.replace(
+            self.with_derivative(state, part.f), differences=part.differences
         )
 
     def step(

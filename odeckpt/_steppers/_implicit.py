@@ -44,12 +44,21 @@ class AbstractProposer(AbstractImplicit):
     rtol: eqx.AbstractVar[float | None]
     atol: eqx.AbstractVar[float | None]
 
-    carries_history = True  # the last step's collocation polynomial, or a BDF history
-
     def derivative(self, state) -> Y:
         """**Returns:** `f(t, y, args)` at the state's point (`state.implicit.f`: a proposer's
         state nests an `ImplicitState`)."""
         return state.implicit.f
+
+    def with_derivative(self, state, derivative: Y):
+        """**Returns:** `state` with `implicit.f` replaced by `derivative`."""
+        return dataclasses.replace(
+            state, implicit=dataclasses.replace(state.implicit, f=derivative)
+        )
+
+    def with_fresh_jacobian(self, state):
+        """**Returns:** `state`, its Newton cache asking for a Jacobian at the next attempt."""
+        cache = self.newton.refreshed(state.implicit.cache)
+        return dataclasses.replace(state, implicit=dataclasses.replace(state.implicit, cache=cache))
 
     def error_norm(self, y_error: Y, y0: Y, y1: Y) -> Scalar:
         """The error norm that the step-size controller computes for this step."""

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from ..._newton import Newton
 from ..._real_coordinates import RealCoordinates
 from ..._status import Status
-from ..._steppers._esdirk import AbstractESDIRK
+from ..._steppers._implicit import AbstractImplicit
 from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
 from ._solve import Integrated, SensitivityInputs, checked, integrated, sensitivities
@@ -107,12 +107,6 @@ class ForwardSensitivity(AbstractAdjoint):
                 "SaveAt(steps=True) / SaveAt(dense=True) and pass the times you need as "
                 "SaveAt(ts=...), or use adjoint='recursive'."
             )
-        if loop.stepper.carries_history:
-            raise ValueError(
-                f"adjoint=ForwardSensitivity() does not support solver={loop.stepper.name!r}, "
-                "whose state carries values from earlier steps that the sensitivities would "
-                "have to follow. Fix: use solver='kvaerno5' or 'rodas5', or adjoint='direct'."
-            )
         # Closed-over arrays of `f` become explicit leaves: they get sensitivities like `args`.
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper))
@@ -146,7 +140,7 @@ class ForwardSensitivity(AbstractAdjoint):
 def _staggered(stepper):
     """`stepper` with its Newton method solving the stages' sensitivities by the staggered
     corrector (the step's LU factors)."""
-    if isinstance(stepper, AbstractESDIRK) and isinstance(stepper.newton, Newton):
+    if isinstance(stepper, AbstractImplicit) and isinstance(stepper.newton, Newton):
         return dataclasses.replace(
             stepper, newton=dataclasses.replace(stepper.newton, tangent_solve="staggered")
         )
@@ -241,11 +235,15 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
     sens = checked(loop, primal_ok, sens, sens)
     written = None if loop.ts is None else _written(inputs, outputs)
 
+    if sens.rows is not None:
+        # Rows the loop does not write (the repeats of a save time) hold inf: 0 * inf is NaN.
+        ct_rows = jax.tree.map(lambda c: jnp.where(_rows(written, c), c, 0), ct_outputs.ts)
+        rows = jax.tree.map(lambda s: jnp.where(_rows(written, s), s, 0), sens.rows)
+
     def column(k):
         value = _pair(ct_final.y, jax.tree.map(lambda s: s[k], sens.end))
         if sens.rows is not None:
-            ct_rows = jax.tree.map(lambda c: jnp.where(_rows(written, c), c, 0), ct_outputs.ts)
-            value = value + _pair(ct_rows, jax.tree.map(lambda s: s[:, k], sens.rows))
+            value = value + _pair(ct_rows, jax.tree.map(lambda s: s[:, k], rows))
         return value
 
     values = jax.vmap(column)(jnp.arange(flat.shape[0]))

@@ -38,7 +38,9 @@ class SensitivityArgs(eqx.Module):
 
 
 class SensitivityState(eqx.Module):
-    """The stepper's state and the sensitivities of its derivative part (`f(t, y)`)."""
+    """The stepper's state and the sensitivities of its differentiable part
+    (`AbstractStepper.differentiable_state`: `f(t, y)`, and a multistep method's history), one
+    per direction on a leading axis."""
 
     state: Y
     ds: Y
@@ -63,18 +65,21 @@ class SensitivityStepper(AbstractStepper):
     dense_degree = property(lambda self: self.stepper.dense_degree)
 
     def init(self, f, t0, y0: Augmented, args: SensitivityArgs) -> SensitivityState:
-        state = self.stepper.init(f, t0, y0.y, args.args)
+        inner = self.stepper
+        state = inner.init(f, t0, y0.y, args.args)
         diff, static = differentiable_part(f, args.args)
 
-        def field(y, diff):
+        def part(y, diff):
             f_, args_ = eqx.combine(diff, static)
-            return f_(t0, y, args_)
+            return inner.differentiable_state(inner.init(f_, t0, y, args_))
 
-        along = lambda s, d: jax.jvp(field, (y0.y, diff), (s, d))[1]
+        along = lambda s, d: jax.jvp(part, (y0.y, diff), (s, d))[1]
         return SensitivityState(state, jax.vmap(along)(y0.s, args.directions))
 
     def derivative(self, state: SensitivityState) -> Augmented:
-        return Augmented(self.stepper.derivative(state.state), state.ds)
+        inner = self.stepper
+        along = lambda ds: inner.derivative(inner.with_differentiable_state(state.state, ds))
+        return Augmented(inner.derivative(state.state), jax.vmap(along)(state.ds))
 
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Augmented, args: SensitivityArgs,
@@ -83,12 +88,13 @@ class SensitivityStepper(AbstractStepper):
         inner = self.stepper
         diff, static = differentiable_part(f, args.args)
 
-        def step(y, diff, derivative):
+        def step(y, diff, part):
             f_, args_ = eqx.combine(diff, static)
-            step = inner.step(f_, t0, t1, y, args_, inner.with_derivative(state.state, derivative))
-            return step, (step.y1, step.y_error, step.dense, inner.derivative(step.state))
+            before = inner.with_differentiable_state(state.state, part)
+            step = inner.step(f_, t0, t1, y, args_, before)
+            return step, (step.y1, step.y_error, step.dense, inner.differentiable_state(step.state))
 
-        primals = (y0.y, diff, inner.derivative(state.state))
+        primals = (y0.y, diff, inner.differentiable_state(state.state))
 
         def along(s, d, ds):
             (step_, values), (_, tangents) = jax.jvp(step, primals, (s, d, ds))
@@ -119,6 +125,7 @@ class SensitivityStepper(AbstractStepper):
             num_jacobian_evals=taken.num_jacobian_evals,
             num_lu_factorisations=taken.num_lu_factorisations,
             num_fn_evals=taken.num_fn_evals,
+            dt_factor=taken.dt_factor,
         )
 
 
