@@ -4,8 +4,10 @@ tolerance, with run time, compile time and compiled memory, in one run.
 
     python benchmarks/bench_gradient_accuracy.py [--problems robertson van_der_pol decay_chain]
                                                  [--rtols 1e-4 1e-6 1e-8] [--name NAME]
+                                                 [--solver kvaerno5]
 
-Problems (float64, Kvaerno5 for every method, `max_steps` 10_000):
+Problems (float64, `max_steps` 10_000; odeckpt's stepper `--solver`, Kvaerno5 by default,
+diffrax's Kvaerno5):
 
 - robertson: Robertson's kinetics with the test set's constants, k = (0.04, 3e7, 1e4),
   y0 = (1, 0, 0), t1 = 1e11, atol = 1e-4 rtol (the test set's rule).
@@ -90,11 +92,11 @@ COLUMNS = [
 ]
 
 
-def odeckpt_jacobian(problem: dict, adjoint: str, mode):
+def odeckpt_jacobian(problem: dict, adjoint: str, mode, solver: str):
     def final(log_p, rtol, atol):
         sol = odeckpt.solve(
             problem["f"], jnp.asarray(problem["y0"]), (0.0, problem["t1"]), jnp.exp(log_p),
-            solver="kvaerno5", rtol=rtol, atol=atol, adjoint=adjoint, max_steps=MAX_STEPS,
+            solver=solver, rtol=rtol, atol=atol, adjoint=adjoint, max_steps=MAX_STEPS,
             throw=False,
         )  # fmt: skip
         return sol.ys[-1]
@@ -147,12 +149,12 @@ def run_time(jitted: Callable, args, target_s: float = 1.0) -> tuple[float, np.n
     return statistics.median(times), value
 
 
-def run_problem(name: str, rtols: list[float]) -> list[dict]:
+def run_problem(name: str, rtols: list[float], solver: str) -> list[dict]:
     problem = PROBLEMS[name]
     log_p = np.log(np.asarray(problem["p"]))
     reference = sensitivity_reference(problem["f"], np.asarray(problem["y0"]), log_p,
                                       problem["t1"])  # fmt: skip
-    methods = {f"odeckpt {label}": odeckpt_jacobian(problem, adjoint, mode)
+    methods = {f"odeckpt {label}": odeckpt_jacobian(problem, adjoint, mode, solver)
                for label, (adjoint, mode) in ODECKPT.items()}  # fmt: skip
     for adjoint in DIFFRAX:
         methods[f"diffrax {adjoint}"] = diffrax_jacobian(problem, adjoint)
@@ -210,24 +212,28 @@ def main() -> int:
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--rtols", nargs="+", type=float, default=[1e-4, 1e-6, 1e-8])
     parser.add_argument("--name", default="gradient-accuracy")
+    parser.add_argument("--solver", default="kvaerno5", help="odeckpt's stepper")
     parser.add_argument(
         "--plot-only",
         action="store_true",
         help="redraw the figure from results/<name>.json without measuring",
     )
     options = parser.parse_args()
-    figure = Path(__file__).resolve().parent.parent / "docs/images/benchmarks/gradient_accuracy.png"
+    images = Path(__file__).resolve().parent.parent / "docs/images/benchmarks"
+    figure = images / f"{options.name.replace('-', '_')}.png"
     if options.plot_only:
         plot(json.loads((RESULTS / f"{options.name}.json").read_text())["records"], figure)
         return 0
     env = environment()
-    records = [r for name in options.problems for r in run_problem(name, options.rtols)]
-    command = "python benchmarks/bench_gradient_accuracy.py"
+    records = [r for name in options.problems
+               for r in run_problem(name, options.rtols, options.solver)]  # fmt: skip
+    command = " ".join(["python benchmarks/bench_gradient_accuracy.py", *sys.argv[1:]])
     json_path, md_path = write_results(
         options.name, records, COLUMNS, title="Gradient accuracy on stiff problems",
         command=command, env=env,
         notes="Correct digits of dy(t1)/dlog p against scipy Radau forward sensitivities at "
-        "rtol 1e-12; '-' = failed (NaN gradient or error). Kvaerno5 for every method.",
+        f"rtol 1e-12; '-' = failed (NaN gradient or error). odeckpt's stepper: {options.solver}; "
+        "diffrax's: Kvaerno5.",
     )  # fmt: skip
     plot(records, figure)
     print(f"wrote {json_path}, {md_path} and {figure}")

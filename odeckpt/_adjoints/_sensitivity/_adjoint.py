@@ -35,7 +35,10 @@ class ForwardSensitivity(AbstractAdjoint):
     The implicit steppers solve each stage's sensitivities with the state's LU factors of
     `I - h gamma J` (the staggered corrector: an iteration with those factors and exact
     Jacobian-vector products, converged to the tolerances); Rosenbrock stages reuse the
-    step's factors too.
+    step's factors too. With `BDF` the sensitivities carry their own history of differences
+    (`AbstractStepper.differentiable_state`); a stepper that proposes its step sizes (`BDF`,
+    `Radau5`) proposes them from the state's error, and a step whose sensitivities fail the
+    error test is retried shorter.
 
     - `jax.jvp` / `jax.jacfwd`: one sensitivity solve per direction (under `jacfwd`, one per
         input component, batched), only along the directions asked for.
