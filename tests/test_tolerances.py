@@ -30,6 +30,28 @@ def test_traced_rtol_compiles_once_and_controls_the_error():
     assert errors[1] == pytest.approx(float(exact_error(1e-5)[0]), rel=1e-12)
 
 
+@pytest.mark.parametrize("solver", ["radau", "bdf"])
+def test_traced_rtol_with_the_steppers_that_propose_their_steps(solver):
+    """Radau5 and BDF take the solve's tolerances for their own step-size proposal too: traced,
+    one compile serves every value, the error falls with it, and a bad one is a status."""
+    solve = jax.jit(
+        lambda rtol: odeckpt.solve(
+            decay,
+            jnp.array([1.0, 2.0]),
+            (0.0, 2.0),
+            rtol=rtol,
+            atol=1e-2 * rtol,
+            solver=solver,
+            throw=False,
+        )  # fmt: skip
+    )
+    exact = np.array([1.0, 2.0]) * np.exp(-2.0)
+    errors = [float(np.max(np.abs(solve(rtol).ys[-1] - exact))) for rtol in (1e-4, 1e-6, 1e-8)]
+    assert solve._cache_size() == 1
+    assert all(b < a / 10 for a, b in zip(errors, errors[1:], strict=False)), errors
+    assert solve(-1.0).status == odeckpt.Status.invalid_settings
+
+
 def test_tolerances_dt0_and_pid_gains_traced_together():
     def final(rtol, atol, dt0, pcoeff, icoeff):
         controller = odeckpt.PIDController(pcoeff=pcoeff, icoeff=icoeff, factormax=5.0)

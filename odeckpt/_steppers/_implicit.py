@@ -5,6 +5,7 @@ import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -102,10 +103,13 @@ def check_jac(stepper: AbstractStepper, newton: AbstractNewton, jac: Callable | 
 
 
 def check_tolerances(stepper: AbstractProposer) -> None:
-    """Raise, naming the fix, on tolerances that are neither positive nor `None`."""
+    """Raise, naming the fix, on tolerances that are neither positive nor `None`. (Traced ones,
+    the solve's passed on, are checked at run time: `Status.invalid_settings`.)"""
     for name in ("rtol", "atol"):
         value = getattr(stepper, name)
-        if value is not None and not value > 0:
+        if value is None or isinstance(value, jax.core.Tracer):
+            continue
+        if not np.all(np.asarray(value) > 0):
             raise ValueError(
                 f"{type(stepper).__name__}({name}={value!r}) must be positive, or None to take "
                 f"the solve's. Fix: pass e.g. `{name}=1e-8`, or leave it out."
