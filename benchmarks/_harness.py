@@ -126,10 +126,15 @@ def compare(
 
 
 def _version(package: str) -> str | None:
+    """The installed version of `package`, else its `__version__` if it imports (odeckpt run
+    from a checkout that is not installed), else `None`."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return None
+        try:
+            return getattr(importlib.import_module(package), "__version__", None)
+        except ImportError:
+            return None
 
 
 def _cpu_model() -> str:
