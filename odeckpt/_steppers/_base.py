@@ -121,12 +121,6 @@ class AbstractStepper(eqx.Module):
         that derivative itself (every explicit stepper)."""
         return state
 
-    def with_derivative(self, state: Y, derivative: Y) -> Y:
-        """`state` with the part that `derivative` returns replaced by `derivative`; the
-        default: the state is that derivative itself."""
-        del state
-        return derivative
-
     def differentiable_state(self, state: Y) -> Y:
         """The part of `state` that a step depends on differentiably, beyond `(y, args)`:
         what forward sensitivities differentiate a step with respect to, and carry a tangent
@@ -136,8 +130,9 @@ class AbstractStepper(eqx.Module):
 
     def with_differentiable_state(self, state: Y, part: Y) -> Y:
         """`state` with its `differentiable_state` replaced by `part`; `derivative` of the
-        result is read from `part` alone."""
-        return self.with_derivative(state, part)
+        result is read from `part` alone. The default: the state is that derivative itself."""
+        del state
+        return part
 
     def with_fresh_jacobian(self, state: Y) -> Y:
         """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;

@@ -239,9 +239,8 @@ class BDF(AbstractProposer):
         return BDFHistory(state.implicit.f, state.differences)
 
     def with_differentiable_state(self, state: BDFState, part: BDFHistory) -> BDFState:
-        return dataclasses.replace(
-            self.with_derivative(state, part.f), differences=part.differences
-        )
+        state = super().with_differentiable_state(state, part.f)
+        return dataclasses.replace(state, differences=part.differences)
 
     def step(
         self, f: VectorField, t0: Scalar, t1: Scalar, y0: Y, args: Args, state: BDFState

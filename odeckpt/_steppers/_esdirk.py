@@ -90,9 +90,9 @@ class AbstractESDIRK(AbstractImplicit):
         """**Returns:** `state.f`, i.e. `f(t, y, args)` at the state's point."""
         return state.f
 
-    def with_derivative(self, state: ImplicitState, derivative: Y) -> ImplicitState:
-        """**Returns:** `state` with `f` replaced by `derivative`."""
-        return dataclasses.replace(state, f=derivative)
+    def with_differentiable_state(self, state: ImplicitState, part: Y) -> ImplicitState:
+        """**Returns:** `state` with `f` replaced by `part`."""
+        return dataclasses.replace(state, f=part)
 
     def with_fresh_jacobian(self, state: ImplicitState) -> ImplicitState:
         """**Returns:** `state`, its Newton cache asking for a Jacobian at the next attempt."""

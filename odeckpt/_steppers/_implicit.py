@@ -50,11 +50,9 @@ class AbstractProposer(AbstractImplicit):
         state nests an `ImplicitState`)."""
         return state.implicit.f
 
-    def with_derivative(self, state, derivative: Y):
-        """**Returns:** `state` with `implicit.f` replaced by `derivative`."""
-        return dataclasses.replace(
-            state, implicit=dataclasses.replace(state.implicit, f=derivative)
-        )
+    def with_differentiable_state(self, state, part: Y):
+        """**Returns:** `state` with `implicit.f` replaced by `part` (`BDF` adds its history)."""
+        return dataclasses.replace(state, implicit=dataclasses.replace(state.implicit, f=part))
 
     def with_fresh_jacobian(self, state):
         """**Returns:** `state`, its Newton cache asking for a Jacobian at the next attempt."""
