@@ -8,6 +8,7 @@ implicit function theorem at the crossing, attached by a zero-valued term (`_imp
 so every adjoint that differentiates the discrete solve differentiates the event time.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -187,6 +188,26 @@ class EventSet(eqx.Module):
         if len(jumps) == 1:
             return jumps[0]
         return jax.tree.map(lambda *leaves: jnp.stack(leaves)[index], *jumps)
+
+    def closure_converted(self, adjoint: str, t0: Scalar, y0: Y, args: Args) -> "EventSet":
+        """These events with their functions (`fn`, `update`) closure-converted, so that they
+        may cross a custom derivative rule's boundary; raises (naming the fix) if one closes
+        over inexact arrays, whose derivatives `adjoint` (its name) reaches only through
+        `args`."""
+        events = []
+        for event in self.events:
+            fn = eqx.filter_closure_convert(event.fn, t0, y0, args)
+            update = event.update
+            if update is not None:
+                update = eqx.filter_closure_convert(update, t0, y0, args)
+            if any(eqx.is_inexact_array(x) for x in jax.tree.leaves((fn, update))):
+                raise ValueError(
+                    f"{adjoint}: an Event's fn or update closes over arrays, whose derivatives "
+                    f"{adjoint} reaches only through `args`. Fix: pass them through `args` "
+                    "(`fn(t, y, args)`), or use adjoint='recursive'."
+                )
+            events.append(dataclasses.replace(event, fn=fn, update=update))
+        return EventSet(tuple(events), self.time_direction)
 
     @property
     def terminal(self) -> Array:

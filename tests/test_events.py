@@ -12,7 +12,7 @@ from selection import slow_unless
 import odeckpt
 
 G = 9.81
-REVERSE = ("direct", "recursive", "backsolve", "interpolating")
+REVERSE = ("direct", "recursive", "backsolve", "interpolating", "forward_sensitivity")
 
 
 def fall(t, y, args):
@@ -41,7 +41,8 @@ def test_free_fall_stops_at_the_floor():
 
 
 @pytest.mark.parametrize(
-    "adjoint", slow_unless([*REVERSE, "forward"], fast={"recursive", "backsolve", "forward"})
+    "adjoint",
+    slow_unless([*REVERSE, "forward"], fast={"recursive", "backsolve", "forward_sensitivity"}),
 )
 def test_free_fall_derivatives_in_closed_form(adjoint):
     # t* = sqrt(2h/g) and v* = -sqrt(2gh); Tsit5 and its interpolant are exact on quadratics.
@@ -119,6 +120,63 @@ def test_bouncing_ball_third_bounce_and_its_derivative(adjoint):
     time = lambda e: _bounces(e, adjoint).ts[k]
     derivative = jax.jacfwd(time)(e) if adjoint == "forward" else jax.grad(time)(e)
     np.testing.assert_allclose(derivative, dt3, rtol=1e-9)
+
+
+def _height_after_bounces(e, t):
+    """The height at time `t` of a ball dropped from 1 m, bouncing with restitution `e`."""
+    v = np.sqrt(2 * G)
+    bounce = np.sqrt(2 / G)
+    while bounce + 2 * e * v / G < t:
+        v, bounce = e * v, bounce + 2 * e * v / G
+    return e * v * (t - bounce) - G / 2 * (t - bounce) ** 2
+
+
+@pytest.mark.parametrize(
+    "adjoint", slow_unless(["recursive", "forward_sensitivity"], fast={"forward_sensitivity"})
+)
+def test_height_after_bounces_and_its_derivative(adjoint):
+    # The jump condition carries the sensitivities across each bounce (three before t = 2).
+    e, ts = 0.8, np.array([0.5, 1.3, 2.0])
+
+    def heights(e):
+        ball = lambda t, y, e: jnp.stack([y[1], -G * jnp.ones_like(y[1])])
+        return odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 2.0), args=e,
+                             event=_bounce(e), adjoint=adjoint, max_steps=64,
+                             saveat=odeckpt.SaveAt(ts=jnp.asarray(ts))).ys[:, 0]  # fmt: skip
+
+    exact = np.array([_height_after_bounces(e, t) for t in ts])
+    np.testing.assert_allclose(heights(e), exact, rtol=1e-12)
+    # The closed form is smooth in e between bounce counts: its derivative by central
+    # differences, to about 1e-10.
+    step = 1e-6
+    slope = [
+        (_height_after_bounces(e + step, t) - _height_after_bounces(e - step, t)) / (2 * step)
+        for t in ts
+    ]
+    np.testing.assert_allclose(jax.jacfwd(heights)(e), slope, rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(jax.jacrev(heights)(e), slope, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_forward_sensitivity_follows_an_event_that_depends_on_parameters():
+    # Lotka-Volterra stopped where the prey falls to a threshold passed in `args`: the event
+    # time and state move with the rates and with the threshold itself.
+    def hit(params, adjoint):
+        event = odeckpt.Event(lambda t, y, p: y[0] - p[4], direction=-1)
+        sol = odeckpt.solve(lambda t, y, p: lotka_volterra(t, y, p[:4]),
+                            jnp.array([10.0, 5.0]), (0.0, 30.0), params, event=event,
+                            rtol=1e-10, atol=1e-10, max_steps=4096,
+                            adjoint=adjoint)  # fmt: skip
+        return jnp.concatenate([sol.ts[-1:], sol.ys[-1]])
+
+    params = jnp.array([1.1, 0.4, 0.4, 0.1, 2.0])
+    got_fwd = jax.jacfwd(hit)(params, "forward_sensitivity")
+    got_rev = jax.jacrev(hit)(params, "forward_sensitivity")
+    expected = jax.jacrev(hit)(params, "recursive")
+    np.testing.assert_allclose(got_fwd, expected, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got_rev, expected, rtol=1e-6, atol=1e-8)
+    # The state at the event is the threshold, whatever the rates.
+    np.testing.assert_allclose(got_fwd[1], [0, 0, 0, 0, 1], atol=1e-10)
 
 
 def test_backsolve_refuses_jumps_at_call_time():
@@ -235,6 +293,20 @@ def test_backwards_in_time_direction_is_along_the_solve():
     np.testing.assert_allclose(sol.ts[-1], 0.5, rtol=1e-13)
 
 
+@pytest.mark.parametrize("adjoint", ["recursive", "forward_sensitivity"])
+def test_event_time_derivative_backwards_in_time(adjoint):
+    # y = exp(-k (t - 2)) from t = 2 down to 0 reaches 3 at t* = 2 - log(3) / k.
+    def hit(k):
+        event = odeckpt.Event(lambda t, y, k: y[0] - 3.0)
+        sol = odeckpt.solve(lambda t, y, k: -k * y, jnp.array([1.0]), (2.0, 0.0), args=k,
+                            event=event, adjoint=adjoint, rtol=1e-10, atol=1e-10)  # fmt: skip
+        return sol.ts[-1]
+
+    k = 0.7
+    np.testing.assert_allclose(hit(k), 2 - np.log(3) / k, rtol=1e-10)
+    np.testing.assert_allclose(jax.grad(hit)(k), np.log(3) / k**2, rtol=1e-8)
+
+
 def test_zero_at_t0_does_not_fire():
     # fn = y starts at 0 and rises: no event at t0; it fires when fn falls through 0 later.
     event = odeckpt.Event(lambda t, y, args: y[0])
@@ -338,10 +410,11 @@ def test_event_configuration_errors():
                       jump_ts=jnp.zeros((2, 2)))  # fmt: skip
 
 
-def test_backsolve_refuses_event_functions_closing_over_arrays():
+@pytest.mark.parametrize("adjoint", ["backsolve", "forward_sensitivity"])
+def test_event_functions_closing_over_arrays_are_refused(adjoint):
     level = jnp.asarray(0.2)
     event = odeckpt.Event(lambda t, y, args: y[0] - level)
     loss = lambda h: odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G),
-                                   event=event, adjoint="backsolve").ts[-1]  # fmt: skip
+                                   event=event, adjoint=adjoint).ts[-1]  # fmt: skip
     with pytest.raises(ValueError, match="closes over arrays.*args"):
         jax.grad(loss)(1.0)

@@ -435,11 +435,8 @@ def _event_lane(adjoint: str):
     return jax.jit(jax.vmap(lane))
 
 
-EVENT_ADJOINTS = tuple(a for a in ADJOINTS if a != "forward_sensitivity")  # refuses events
-
-
 @pytest.mark.parametrize(
-    "adjoint", slow_unless(EVENT_ADJOINTS, fast={"recursive", "backsolve", "forward"})
+    "adjoint", slow_unless(ADJOINTS, fast={"recursive", "backsolve", "forward_sensitivity"})
 )
 def test_events_fail_loudly_per_lane(adjoint):
     nan = np.nan
@@ -460,7 +457,7 @@ def test_events_fail_loudly_per_lane(adjoint):
     assert status == odeckpt.Status.nonfinite_event
 
 
-@pytest.mark.parametrize("adjoint", slow_unless(EVENT_ADJOINTS, fast={"recursive", "backsolve"}))
+@pytest.mark.parametrize("adjoint", slow_unless(ADJOINTS, fast={"recursive", "backsolve"}))
 def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
     """A zero-length span returns y0 with no event; save times at t0 and t1 with a terminal
     event before t1: y0 at t0, `inf` at the unreached t1, and the event's point last."""
@@ -483,9 +480,17 @@ def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
 
 
 def test_events_on_a_complex_state():
-    """`y' = i y` from 1: `Re y = cos t` falls through 0 at pi / 2."""
+    """`y' = i k y` from 1: `Re y = cos kt` falls through 0 at pi / 2k (ForwardSensitivity's
+    sensitivities follow it in real coordinates)."""
     event = odeckpt.Event(lambda t, y, a: jnp.real(y[0]))
-    sol = odeckpt.solve(lambda t, y, a: 1j * y, jnp.ones(1, complex), (0.0, 3.0), event=event,
-                        rtol=1e-10, atol=1e-10)  # fmt: skip
+
+    def solve(k, adjoint="recursive"):
+        field = lambda t, y, k: 1j * k * y
+        return odeckpt.solve(field, jnp.ones(1, complex), (0.0, 3.0), args=k, event=event,
+                             rtol=1e-10, atol=1e-10, adjoint=adjoint)  # fmt: skip
+
+    sol = solve(1.0)
     np.testing.assert_allclose(sol.ts[-1], np.pi / 2, rtol=1e-9)
     np.testing.assert_allclose(sol.ys[-1], [1j], atol=1e-9)
+    event_time = lambda k: solve(k, "forward_sensitivity").ts[-1]
+    np.testing.assert_allclose(jax.grad(event_time)(1.0), -np.pi / 2, rtol=1e-8)

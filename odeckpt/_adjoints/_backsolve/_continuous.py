@@ -5,13 +5,11 @@ import abc
 import dataclasses
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import known_values, tightest
 from ..._controllers import AbstractController, PIDController
-from ..._events import EventSet
 from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
@@ -88,7 +86,9 @@ class ContinuousAdjoint(AbstractAdjoint):
         # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
         # boundary (and get gradients like `args`).
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        events = _events(type(self).__name__, loop, state)
+        events = None
+        if loop.events is not None:
+            events = loop.events.closure_converted(type(self).__name__, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat), events=events)
         anchoring = self.anchoring()
         final, outputs = backsolve(BacksolveInputs(loop, state, outputs), setup, anchoring)
@@ -166,22 +166,3 @@ def _check_callback(name: str, on_backward) -> None:
 def _flags_only(saveat: SaveAt) -> SaveAt:
     """`saveat` without its `ts` array: the loop reads `loop.ts`, and only the flags here."""
     return SaveAt(t1=True, steps=saveat.steps, dense=saveat.dense)
-
-
-def _events(name: str, loop: IntegrationLoop, state) -> EventSet | None:
-    """The loop's events with their functions closure-converted (so that they may cross the
-    custom_vjp boundary), raising if one closes over arrays: the backward solve differentiates
-    an event's `fn` through `args` only."""
-    if loop.events is None:
-        return None
-    events = []
-    for event in loop.events.events:
-        fn = eqx.filter_closure_convert(event.fn, state.t, state.y, loop.args)
-        if any(eqx.is_inexact_array(x) for x in jax.tree.leaves(fn)):
-            raise ValueError(
-                f"{name}: an Event's fn closes over arrays, whose gradients the "
-                "backward solve cannot reach. Fix: pass them through `args` "
-                "(`fn(t, y, args)`), or use adjoint='recursive'."
-            )
-        events.append(dataclasses.replace(event, fn=fn))
-    return dataclasses.replace(loop.events, events=tuple(events))

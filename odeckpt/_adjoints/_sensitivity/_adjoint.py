@@ -47,6 +47,11 @@ class ForwardSensitivity(AbstractAdjoint):
         the whole Jacobian, then contracted with the cotangent. For few parameters only.
     - The final time and the save times need no sensitivity: `dy(t)/dt = f(t, y(t))`.
 
+    Events (`odeckpt.Event`) are located on the state; at each crossing the sensitivities
+    follow the event time (the implicit function theorem), and through an `update` the jump
+    condition of hybrid systems (see docs/events.md). An event's `fn` and `update` reach the
+    parameters through `args` only.
+
     Saves at `t0`, `t1` and save times (`SaveAt(ts=...)`); `SaveAt(steps=True)` and
     `SaveAt(dense=True)` raise. A failed solve of the sensitivities (which may need more
     steps than the state alone) raises with `throw=True`, and gives NaN derivatives.
@@ -96,13 +101,6 @@ class ForwardSensitivity(AbstractAdjoint):
                     "solve's own tolerance."
                 )
 
-    def check_events(self, events):
-        raise ValueError(
-            "adjoint=ForwardSensitivity() does not support events yet: its sensitivities do not "
-            "follow the jump of an event time. Fix: use adjoint='forward' (jax.jvp/jacfwd) or "
-            "adjoint='recursive' / 'direct' (jax.grad) with events."
-        )
-
     def run(self, loop, state, outputs):
         if loop.saveat.steps or loop.saveat.dense:
             raise ValueError(
@@ -112,7 +110,10 @@ class ForwardSensitivity(AbstractAdjoint):
             )
         # Closed-over arrays of `f` become explicit leaves: they get sensitivities like `args`.
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper))
+        events = loop.events
+        if events is not None:
+            events = events.closure_converted("ForwardSensitivity", state.t, state.y, loop.args)
+        loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper), events=events)
         inputs = SensitivityInputs(loop, state, outputs)
         tolerances = (self.rtol, self.atol)
         arrays, static = eqx.partition(inputs, eqx.is_array)
@@ -160,6 +161,8 @@ def _times_part(inputs: SensitivityInputs, saved, dt_end, dts):
     loop = inputs.loop
     final, outputs = saved
     f_end = loop.stepper.derivative(final.stepper_state)
+    # A terminal event ends the solve where it fires, however the end of the span moves.
+    dt_end = jnp.where(_fired(loop, final), 0, dt_end)
     end = jax.tree.map(lambda f: f * dt_end.astype(f.dtype), f_end)
     if loop.ts is None:
         return end, None
@@ -173,6 +176,11 @@ def _times_part(inputs: SensitivityInputs, saved, dt_end, dts):
     ts, ys = safe(loop.ts, outputs.ts)
     ys = jax.tree.map(lambda y: jnp.where(_rows(written, y), y, 0), ys)
     return end, jax.vmap(row)(ts, ys, dts, written)
+
+
+def _fired(loop, final) -> jax.Array:
+    """Whether a terminal event ended the solve."""
+    return jnp.zeros((), bool) if loop.events is None else final.events.event >= 0
 
 
 def _written(inputs: SensitivityInputs, outputs) -> jax.Array:
@@ -201,7 +209,8 @@ def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs, tole
     sens = checked(loop, primal_ok, sens, sens)
     t_final = _zeros_like_out(final)
     dy = jax.tree.map(lambda s, e: s[0] + e, sens.end, end)
-    t_final = dataclasses.replace(t_final, y=dy, t=t_inputs.loop.t_end.astype(final.t.dtype))
+    t_end = jnp.where(_fired(loop, final), sens.t_end[0], t_inputs.loop.t_end)
+    t_final = dataclasses.replace(t_final, y=dy, t=t_end.astype(final.t.dtype))
     t_outputs = _zeros_like_out(outputs)
     if rows is not None:
         written = _written(inputs, outputs)
@@ -245,6 +254,7 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
 
     def column(k):
         value = _pair(ct_final.y, jax.tree.map(lambda s: s[k], sens.end))
+        value = value + ct_final.t * sens.t_end[k]
         if sens.rows is not None:
             value = value + _pair(ct_rows, jax.tree.map(lambda s: s[:, k], rows))
         return value
@@ -260,7 +270,8 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
     if want.loop:
         g_f, g_args = ct_theta.diff
         ct_loop = dataclasses.replace(ct_loop, f=g_f, args=g_args)
-    ct_loop = dataclasses.replace(ct_loop, t_end=ct_end + ct_final.t, ts=ct_ts)
+    ct_end = ct_end + jnp.where(_fired(loop, final), 0, ct_final.t)
+    ct_loop = dataclasses.replace(ct_loop, t_end=ct_end, ts=ct_ts)
     ct_init = empty(init)
     if want.init:
         ct_init = dataclasses.replace(ct_init, y=ct_theta.y0, t=ct_theta.t0)

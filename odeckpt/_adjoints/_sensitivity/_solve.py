@@ -12,8 +12,16 @@ from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
 from ..._outputs import Outputs
 from ..._status import Status
+from ..._types import Y
 from .._base import while_loop
-from ._stepper import Augmented, differentiable_part, sensitivity_loop
+from ._events import crossing_tangents, sensitivity_events
+from ._stepper import (
+    Augmented,
+    MaxNormController,
+    SensitivityArgs,
+    SensitivityStepper,
+    differentiable_part,
+)
 
 SENSITIVITY_FAILED = (
     "ForwardSensitivity: the solve of the sensitivities failed (max_steps reached, step size "
@@ -44,11 +52,13 @@ class Integrated(eqx.Module):
 
 class Sensitivities(eqx.Module):
     """The tangents of a solve along one or more directions (leading axis), unscaled: at the
-    end of the span and at the save times (`None` without them), and whether the solve of the
-    sensitivities succeeded."""
+    end of the span and at the save times (`None` without them), of the final (internal) time
+    when a terminal event ended the solve (`t_end`, zero otherwise), and whether the solve of
+    the sensitivities succeeded."""
 
     end: object
     rows: object
+    t_end: jax.Array
     succeeded: jax.Array
 
 
@@ -91,6 +101,9 @@ def sensitivities(
     aug = sensitivity_loop(loop, dtheta, *tolerances)
     aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
     final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
+    end, t_end = final.y.s, jnp.zeros(scales.shape, final.t.dtype)
+    if loop.events is not None:
+        end, t_end = _at_terminal_event(loop, final, dtheta)
     unscale = lambda s, axis: jax.tree.map(
         lambda x: (
             x * scales.reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1)).astype(x.dtype)
@@ -99,7 +112,34 @@ def sensitivities(
     )
     rows = None if outputs.ts is None else unscale(outputs.ts.s, 1)
     succeeded = aug.final_status(final) == Status.successful
-    return Sensitivities(unscale(final.y.s, 0), rows, succeeded)
+    return Sensitivities(unscale(end, 0), rows, unscale(t_end, 0), succeeded)
+
+
+def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
+    """`loop` advancing the state with the sensitivities along `directions` (the parameters'
+    tangents, one per direction on a leading axis), these held to `rtol` and `atol` (`None`:
+    the state's)."""
+    events = None if loop.events is None else sensitivity_events(loop.events, loop.f)
+    return dataclasses.replace(
+        loop,
+        args=SensitivityArgs(loop.args, directions),
+        stepper=SensitivityStepper(loop.stepper),
+        controller=MaxNormController(loop.controller, rtol, atol),
+        progress=None,
+        events=events,
+    )
+
+
+def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
+    """The (scaled) sensitivities at the end of the solve and the tangents of its final time:
+    where a terminal event ended it, those of the crossing, which moves with the parameters."""
+    fired = final.events.event >= 0
+    index = jnp.maximum(final.events.event, 0)
+    g = lambda tau, y, args: loop.events.values(tau, y, args)[index]
+    args = SensitivityArgs(loop.args, directions)
+    at = crossing_tangents(g, loop.f, final.t, final.y.y, args, final.y.s)
+    pick = lambda a, b: jnp.where(fired, a, b)
+    return jax.tree.map(pick, at.y, final.y.s), pick(at.tau, jnp.zeros_like(at.tau))
 
 
 def checked(loop: IntegrationLoop, primal_ok, sens: Sensitivities, tree):

@@ -199,16 +199,3 @@ class MaxNormController(AbstractController):
             t0, t1, dt, zero, zero, (worst * controller.atol)[None], stepper, state,
             clipped=clipped, accept=accept, dt_factor=dt_factor,
         )  # fmt: skip
-
-
-def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
-    """`loop` advancing the state with the sensitivities along `directions` (the parameters'
-    tangents, one per direction on a leading axis), these held to `rtol` and `atol` (`None`:
-    the state's)."""
-    return dataclasses.replace(
-        loop,
-        args=SensitivityArgs(loop.args, directions),
-        stepper=SensitivityStepper(loop.stepper),
-        controller=MaxNormController(loop.controller, rtol, atol),
-        progress=None,
-    )

@@ -1,0 +1,88 @@
+"""Events in a solve with forward sensitivities: the crossings are located on the state, and at
+each one the sensitivities follow the event time.
+
+At a crossing `g(tau*, y(tau*), p) = 0` the event time moves with the parameters by the
+implicit function theorem, `dtau*/dp = -(g_y s + g_p) / (g_y f + g_tau)` (`s` the sensitivity
+at the fixed time `tau*`), and the state there by `s + f dtau*/dp`. A jump `y+ = u(tau*, y-, p)`
+then gives `s+ = u_y (s- + f- dtau*) + u_p + (u_tau - f+) dtau*`: the sensitivity jump
+condition (Rozenvasser 1967; Galán, Feehery & Barton, "Parametric sensitivity functions for
+hybrid discrete/continuous systems", Appl. Numer. Math. 31 (1999)).
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..._events import Event, EventSet
+from ..._types import Scalar, VectorField, Y
+from ._stepper import Augmented, SensitivityArgs, differentiable_part
+
+
+class CrossingTangents(eqx.Module):
+    """Along each direction (leading axis): the tangent of the event time `tau`, and of the
+    state at the event (`s + f dtau`)."""
+
+    tau: jax.Array
+    y: Y
+
+
+def crossing_tangents(
+    g: Callable, f: VectorField, tau: Scalar, y: Y, args: SensitivityArgs, s: Y
+) -> CrossingTangents:
+    """The tangents at a crossing of `g(tau, y, args) = 0` (internal time) of the solution of
+    `y' = f(tau, y, args)`, whose sensitivities at the fixed time `tau` are `s`, along
+    `args.directions`."""
+    diff, static = differentiable_part(f, args.args)
+
+    def event(tau, y, diff):
+        return g(tau, y, eqx.combine(diff, static)[1])
+
+    rate = f(tau, y, args.args)
+    zero_diff = jax.tree.map(jnp.zeros_like, diff)
+    one = jnp.ones_like(tau)
+    slope = jax.jvp(event, (tau, y, diff), (one, rate, zero_diff))[1]
+
+    def along(s, d):
+        moved = jax.jvp(event, (tau, y, diff), (jnp.zeros_like(tau), s, d))[1]
+        dtau = (-moved / slope).astype(tau.dtype)
+        return dtau, jax.tree.map(lambda s, r: s + r * dtau.astype(r.dtype), s, rate)
+
+    dtau, at_event = jax.vmap(along)(s, args.directions)
+    return CrossingTangents(dtau, at_event)
+
+
+def sensitivity_events(events: EventSet, f: VectorField) -> EventSet:
+    """`events` for the loop of `Augmented` states: located on the state, each `update` also
+    jumping the sensitivities (with `f`, the vector field in internal time)."""
+    direction = events.time_direction
+
+    def wrapped(event: Event) -> Event:
+        fn = lambda t, y, args: event.fn(t, y.y, args.args)
+        if event.update is None:
+            return dataclasses.replace(event, fn=fn)
+
+        def update(t, y: Augmented, args: SensitivityArgs) -> Augmented:
+            tau = direction * t
+            g = lambda tau, y, a: event.fn(direction * tau, y, a)
+            before = crossing_tangents(g, f, tau, y.y, args, y.s)
+            diff, static = differentiable_part(f, args.args)
+
+            def jump(tau, y, diff):
+                return event.update(direction * tau, y, eqx.combine(diff, static)[1])
+
+            y_after = jump(tau, y.y, diff)
+            rate_after = f(tau, y_after, args.args)
+
+            def along(dtau, s, d):
+                moved = jax.jvp(jump, (tau, y.y, diff), (dtau, s, d))[1]
+                return jax.tree.map(lambda m, r: m - r * dtau.astype(r.dtype), moved, rate_after)
+
+            s_after = jax.vmap(along)(before.tau, before.y, args.directions)
+            return Augmented(y_after, s_after)
+
+        return dataclasses.replace(event, fn=fn, update=update)
+
+    return EventSet(tuple(map(wrapped, events.events)), direction)
