@@ -245,10 +245,13 @@ def test_jump_ts_with_constant_steps_keep_the_offline_schedule():
     assert int(stats.num_steps) == 11  # 0.1, 0.2, 0.25-, 0.35, ..., 0.95, 1.0
 
 
-def test_each_lane_finds_its_own_event_under_vmap():
+@pytest.mark.parametrize(
+    "adjoint", slow_unless(["recursive", "forward_sensitivity"], fast={"recursive"})
+)
+def test_each_lane_finds_its_own_event_under_vmap(adjoint):
     def hit(h):
         sol = odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G), event=FLOOR,
-                            max_steps=64)  # fmt: skip
+                            max_steps=64, adjoint=adjoint)  # fmt: skip
         return sol.ts[-1], sol.event
 
     hs = jnp.array([0.5, 1.0, 2.0, 10.0])  # the last one does not reach the floor by t = 1
