@@ -24,12 +24,6 @@ from odeckpt.checkpointing.schedules import (
 ADAPTIVE = sorted(name for name, cls in STEPPERS.items() if cls.error_order is not None)
 
 
-# Each case compiles two or three gradients (several seconds each): the default run keeps a
-# representative few, `pytest -m slow` runs every stepper.
-def steppers(names, fast):
-    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
-
-
 def vector_field(t, y, args):
     a, b = args
     return jnp.stack([a * y[0] - b * y[0] * y[1] + 0.1 * jnp.sin(t), b * y[0] * y[1] - y[1]])
@@ -74,7 +68,8 @@ def assert_close(a, b, rtol):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * np.max(np.abs(y)))
 
 
-@pytest.mark.parametrize("solver", steppers(sorted(STEPPERS), fast={"rk4"}))
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", sorted(STEPPERS))
 def test_recursive_equals_direct_constant_steps(solver):
     # With constant steps the tolerance only stops the Newton iterations. BDF starts at order
     # 1, whose steps of 0.05 are 1e-3 off: from there its iteration cannot reach a small
@@ -86,7 +81,9 @@ def test_recursive_equals_direct_constant_steps(solver):
         assert_close(recursive, direct, 1e-10)
 
 
-@pytest.mark.parametrize("solver", steppers(ADAPTIVE, fast={"tsit5"}))
+# Each case compiles two or three gradients (several seconds each): the default run keeps one,
+# `pytest -m slow` runs every stepper.
+@pytest.mark.parametrize("solver", slow_unless(ADAPTIVE, fast={"tsit5"}))
 def test_recursive_equals_direct_adaptive(solver):
     direct = grads(odeckpt.DirectAdjoint(), solver=solver)
     for adjoint in (
@@ -96,6 +93,7 @@ def test_recursive_equals_direct_adaptive(solver):
         assert_close(grads(adjoint, solver=solver), direct, 1e-10)
 
 
+@pytest.mark.slow
 def test_recursive_equals_direct_large_state_without_cached_f():
     # 2**13 float64 components (64 KiB): the snapshots leave out Tsit5's cached f(t, y) and a
     # restore recomputes it, rounding differently from the forward run's; the recorded
@@ -114,6 +112,7 @@ def test_recursive_equals_direct_large_state_without_cached_f():
     np.testing.assert_allclose(recursive, direct, rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adjoint", ["direct", "recursive"])
 def test_constant_steps_match_finite_differences(adjoint):
     g_y0, g_args = grads(adjoint, solver="rk4", constant=True)
@@ -130,6 +129,7 @@ def test_adaptive_matches_finite_differences():
     assert_close(g_y0, fd, 1e-4)
 
 
+@pytest.mark.slow
 def test_jacfwd_equals_jacrev():
     fn = lambda y0, adjoint: (
         odeckpt.solve(
@@ -150,6 +150,7 @@ def test_jacfwd_equals_jacrev():
     assert_close(jitted(Y0), reverse, 1e-10)
 
 
+@pytest.mark.slow
 def test_gradient_with_respect_to_t1():
     def final(t1):
         return odeckpt.solve(vector_field, Y0, (0.0, t1), ARGS, rtol=1e-10, atol=1e-10).ys[-1]
@@ -160,10 +161,9 @@ def test_gradient_with_respect_to_t1():
     np.testing.assert_allclose(g, expected, rtol=1e-6)
 
 
-# Constant steps run with -m slow: the adaptive case holds per-lane step sequences too.
-@pytest.mark.parametrize(
-    "constant, rtol", [pytest.param(True, 1e-12, marks=pytest.mark.slow), (False, 1e-6)]
-)
+# With -m slow (per-lane derivatives under vmap run by default in test_batching.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("constant, rtol", [(True, 1e-12), (False, 1e-6)])
 def test_vmap_of_grad_equals_per_example(constant, rtol):
     """Lanes step in lockstep; with adaptive steps, batched rounding may flip an accept/reject
     decision near the threshold, so lanes agree to the solve's tolerance, not to rounding."""
@@ -176,6 +176,7 @@ def test_vmap_of_grad_equals_per_example(constant, rtol):
     assert np.all(np.isfinite(batched))
 
 
+@pytest.mark.slow
 def test_float32_gradients():
     y0 = Y0.astype(jnp.float32)
     args = jax.tree.map(lambda a: a.astype(jnp.float32), ARGS)
@@ -210,7 +211,7 @@ def _stats_solve(adjoint, constant=False, max_steps=500):
     ).stats
 
 
-@pytest.mark.parametrize("c", [2, 5, 40])
+@pytest.mark.parametrize("c", slow_unless([2, 5, 40], fast={5, 40}))
 def test_stats_report_the_reverse_sweep(c):
     from odeckpt.checkpointing.schedules import offline_schedule, online_schedule, simulate
 

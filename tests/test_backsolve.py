@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from selection import slow_unless
 
 import odeckpt
 from odeckpt import BacksolveAdjoint
@@ -68,9 +69,10 @@ def backsolve_gradients(loss, y0, args, t0, t1, adjoint, **kwargs):
 @pytest.mark.parametrize(
     "t_span, tols",
     [
-        ((0.0, 3.0), (1e-5, 1e-9)),
-        # A backward span is checked against finite differences in the default run by
+        # Both with -m slow: the default run checks gradients w.r.t. y0, args, t0 and t1
+        # against finite differences, over a backward span, in
         # test_forward_reconstruction_matches_finite_differences[backwards-window-4].
+        pytest.param((0.0, 3.0), (1e-5, 1e-9), marks=pytest.mark.slow),
         pytest.param((3.0, 0.0), (1e-9,), marks=pytest.mark.slow),
     ],
     ids=["forwards", "backwards"],
@@ -131,6 +133,7 @@ def test_module_arguments_and_closed_over_arrays():
     assert relative_error(g_forcing, expected_c) < 1e-7
 
 
+@pytest.mark.slow
 def test_hundred_save_times():
     """A loss on 100 saved times: jumps in the adjoint at each, and d loss / d ts_i =
     <ct_i, f(ts_i, y(ts_i))> checked along a random direction of `ts`."""
@@ -154,6 +157,7 @@ def test_hundred_save_times():
     assert relative_error(jnp.dot(g_ts, direction), expected_ts) < 1e-6
 
 
+@pytest.mark.slow
 def test_saved_steps():
     """A loss on `SaveAt(steps=True)`: the gradient with the step times held fixed, i.e. that of
     the same loss on `SaveAt(ts=<those times>)`."""
@@ -249,6 +253,7 @@ def test_vmap_of_grad_equals_per_example_grads(options):
                                [r["max_drift"] for r in records], rtol=1e-6)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_float32():
     def loss(y0, a, adjoint, dtype):
         sol = odeckpt.solve(
@@ -284,6 +289,7 @@ def _lorenz_loss(y0, args, adjoint, tol, throw=True):
     return jnp.sum(sol.ys[-1])
 
 
+@pytest.mark.slow
 def test_drift_on_a_chaotic_problem_fails_the_gradient_until_re_anchored():
     """Lorenz: integrated backwards, the dissipative directions expand (volume grows like
     exp(13.7 t)), so plain backsolve reconstructs `y0` thousands of tolerances away from the
@@ -370,6 +376,7 @@ def test_configuration_errors():
         )
 
 
+@pytest.mark.slow
 def test_constant_steps_and_forward_values():
     """After a constant-step RK4 solve the backward solve takes constant steps too; forward
     values are exactly those of `ForwardMode`."""
@@ -408,6 +415,7 @@ def test_seminorm_leaves_the_parameter_integral_out_of_the_error():
     np.testing.assert_allclose(jnp.mean(all_error**2), jnp.mean(state_error**2), rtol=1e-14)
 
 
+@pytest.mark.slow
 def test_seminorm_keeps_what_the_inner_step_reports():
     """A Newton failure (and the state to carry on rejection) of an implicit backward step
     survives the seminorm's rescaling of the error estimate."""
@@ -436,6 +444,7 @@ def test_jvp_is_rejected():
         jax.jvp(solve, (Y0,), (Y0,))
 
 
+@pytest.mark.slow
 def test_memory_is_flat_in_the_number_of_steps():
     """Compiled temporary memory of the gradient does not grow with the number of steps."""
 
@@ -473,6 +482,7 @@ def test_forward_values_equal_forward_mode():
         np.testing.assert_array_equal(actual, expected)
 
 
+@pytest.mark.slow
 def test_first_backward_step_ignores_the_parameter_integral():
     """Regression: the first backward step was chosen from the norm of the whole augmented
     state, where the parameter integral `g = 0` is measured against `atol` alone; with many
@@ -540,7 +550,8 @@ def test_reconstruct_configuration():
         BacksolveAdjoint(window=0)
 
 
-@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5"])
+# Kvaerno5 by default: it is also the default run's backsolve with an implicit stepper.
+@pytest.mark.parametrize("solver", slow_unless(["tsit5", "kvaerno5"], fast={"kvaerno5"}))
 def test_without_the_seminorm(solver):
     """`seminorm=False` holds the parameter integral to the tolerances too, with `y`
     integrated backwards (Tsit5) or re-solved forwards (Kvaerno5): the closed form of
@@ -606,7 +617,7 @@ def test_on_backward_counts_constant_steps():
     assert relative_error(g, jnp.sum(-ts * jnp.exp(-0.7 * ts))) < 1e-7
 
 
-@pytest.mark.parametrize("window", [3, 5, 64])
+@pytest.mark.parametrize("window", slow_unless([3, 5, 64], fast={3}))
 def test_on_backward_counts_window_solves(window):
     """`reconstruct="forward"` over 20 constant steps re-solves `y` once per `window` steps of
     the backward solve: ceil(20 / window) times."""
@@ -623,6 +634,7 @@ def test_on_backward_counts_window_solves(window):
     np.testing.assert_allclose(g, -jnp.exp(-0.7), rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_forward_reconstruction_with_a_save_at_t1():
     """Regression: with `reconstruct="forward"`, a save at `t1` is an event at the start of the
     backward solve, met before any window is filled; the first segment ran to `-inf` and the
@@ -640,6 +652,7 @@ def test_forward_reconstruction_with_a_save_at_t1():
     assert relative_error(g, jnp.sum(-ts * jnp.exp(-0.7 * ts))) < 1e-8
 
 
+@pytest.mark.slow
 def test_on_backward_steps_grow_as_the_backward_tolerance_shrinks():
     """An adaptive backward solve takes more steps at a tighter tolerance: steps grow like
     tol^(-1/(q + 1)) with q = 4 the order of Tsit5's error estimate (measured: 12 steps at
@@ -684,6 +697,7 @@ def test_on_backward_reports_a_failed_backward_solve():
     assert [(r["num_backward_steps"], r["succeeded"]) for r in records] == [(16, False)]
 
 
+@pytest.mark.slow
 def test_on_backward_under_jacrev():
     """`jax.jacrev` maps the backward pass over the output rows: one call per row."""
     records = []

@@ -6,8 +6,9 @@ Two kinds of check:
 - In this process: a lane of a mixed batch equals the same lane in a batch of copies of it (the
   same compiled program, so the comparison is bitwise: nothing leaks between lanes, and a lane
   that finishes early stops counting and writing).
-- In a fresh process with FMA contraction unavailable (`batching_checks.py`): each lane under
-  `vmap` takes exactly the steps of the unbatched solve, with the same `ys` and derivatives.
+- In a fresh process with FMA contraction unavailable (`batching_checks.py`; `-m slow`): each
+  lane under `vmap` takes exactly the steps of the unbatched solve, with the same `ys` and
+  derivatives.
   With FMA available, XLA:CPU may round the batched and the unbatched programs differently (see
   `batching_checks.py` and docs/scaling.md), so there the equality holds to rounding only.
 """
@@ -139,7 +140,7 @@ def test_throw_raises_for_a_failed_lane():
     jax.block_until_ready(only_ys(y0, params.at[3].set(params[0])))
 
 
-@pytest.mark.parametrize("adjoint", ["recursive", "forward"])
+@pytest.mark.parametrize("adjoint", slow_unless(["recursive", "forward"], fast={"recursive"}))
 def test_derivatives_per_lane(adjoint):
     """`vmap(grad)` (`vmap(jacfwd)` for forward mode) of a mixed batch: each lane's derivative is
     that of a batch of copies of it."""
@@ -168,6 +169,7 @@ x86_only = pytest.mark.skipif(
 
 
 @x86_only
+@pytest.mark.slow
 def test_vmap_equals_unbatched_without_fma():
     """Every lane under `vmap` takes exactly the steps of the unbatched solve (accepted and
     rejected), with the same `ys`, with the default adjoint; and its `vmap(grad)` equals

@@ -104,6 +104,8 @@ def test_matches_unrolled_reference(max_steps):
         _assert_close(_grad(run, *args), ref)
 
 
+# A loop without outputs, by default: the nested vmap, forward mode and the recorded decisions.
+@pytest.mark.slow
 def test_without_outputs():
     cond, body = _problem(0.8)
     f = lambda v: body(v)[0]
@@ -121,6 +123,9 @@ def test_zero_steps():
     assert g == 1.0
 
 
+# Lanes stopping apart under vmap, by default: the nested vmap's values and gradients and the
+# step counts of the vmap in test_step_evaluations_match_simulator_and_vmap_does_not_double.
+@pytest.mark.slow
 def test_vmap_lockstep_matches_per_lane():
     y0s = jnp.array([0.1, 2.5, 4.0, 6.0])  # the last lane never runs
     args = (jnp.asarray(0.8), y0s, _buffers())
@@ -197,6 +202,8 @@ def _temp_bytes(fn, *args):
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+# Also what test_gradient_memory.py checks of a solve (max_steps = n): -m slow here.
+@pytest.mark.slow
 def test_memory_flat_in_max_steps():
     def loss(y0, max_steps):
         f = lambda y: jnp.sin(y) * 1.01 + 0.1
@@ -249,6 +256,8 @@ def test_plan_and_errors():
         bounded_while_loop(cond, lambda v: {**v, "i": 1.0}, init, max_steps=10)
 
 
+# Every RecursiveCheckpointAdjoint solve runs its loop with plan=: -m slow here.
+@pytest.mark.slow
 def test_a_plan_made_once_runs_the_loop_as_its_arguments_do():
     """`bounded_while_loop(..., plan=while_loop_plan(...))` gives the values, gradients and
     statistics of the same loop given the budget, in every regime, also under `vmap`."""
@@ -291,6 +300,7 @@ def test_plan_errors_name_the_fix():
         bounded_while_loop(cond, body, init, outputs=_buffers())
 
 
+@pytest.mark.slow
 def test_planning_an_online_loop_traces_nothing():
     """`while_loop_plan` traces the functions only to size the step's residuals: planning an
     online loop (the adaptive solve's plan) and running it with `plan=` traces them as often
@@ -318,6 +328,8 @@ def test_planning_an_online_loop_traces_nothing():
         assert traces[0] == expected, (record, traces[0], expected)
 
 
+# Forward mode against reverse mode by default: test_forward_mode_of_a_closed_over_value.
+@pytest.mark.slow
 def test_forward_mode_matches_reverse():
     args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
     for kw in ({"checkpoints": 3}, {}):
@@ -353,6 +365,8 @@ def _random_case(stop, c, y0, theta):
     _assert_close(got, jax.value_and_grad(reference)(init["y"]))
 
 
+# By default the stops and checkpoints of test_matches_unrolled_reference.
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(
     stop=st.floats(0.05, 9.0), c=st.integers(1, 12), y0=st.floats(-1, 1), theta=st.floats(0.5, 2)
@@ -388,7 +402,7 @@ def _cached_problem(count_unpack=False):
     return cond, body, (pack, unpack)
 
 
-@pytest.mark.parametrize("c", [2, 5])
+@pytest.mark.parametrize("c", slow_unless([2, 5], fast={5}))
 def test_snapshot_codec_gradients_and_restores(c):
     def loss(y0, snapshot):
         cond, body, codec = _cached_problem(count_unpack=True)
@@ -413,6 +427,8 @@ def test_snapshot_codec_gradients_and_restores(c):
     assert _count(jax.jit(jax.grad(lambda y: loss(y, True))), y0) == restores
 
 
+# What a solve's snapshots of a large state save, test_gradient_memory.py checks: -m slow here.
+@pytest.mark.slow
 def test_snapshot_codec_saves_memory():
     def loss(y0, c, snapshot):
         cond, body, codec = _cached_problem()
@@ -553,8 +569,11 @@ def _assert_derivatives_agree(loss, x):
     assert float(jnp.max(jnp.abs(fwd))) > 1.0
 
 
+# The default plan of 20 steps is binomial; the states regime's reverse sweep, and a body
+# closing over what is differentiated, are test_matches_unrolled_reference's (checkpoints=40).
 @pytest.mark.parametrize(
-    "kw", [{"checkpoints": 2}, {"checkpoints": 20}, {}],
+    "kw", [pytest.param({"checkpoints": 2}, marks=pytest.mark.slow),
+           pytest.param({"checkpoints": 20}, marks=pytest.mark.slow), {}],
     ids=["binomial", "states", "default"],
 )  # fmt: skip
 @pytest.mark.parametrize(
@@ -579,8 +598,11 @@ def test_forward_mode_of_a_closed_over_python_float_under_vmap():
 
 @pytest.mark.parametrize(
     ("online", "steps", "c"),
-    [(True, 150, 1), (True, 400, 2), (True, 400, 3), (True, 400, 6), (True, 30, 4),
-     (False, 150, 1), (False, 150, 3), (False, 150, 5), (False, 150, 9), (False, 20, 30)],
+    slow_unless(
+        [(True, 150, 1), (True, 400, 2), (True, 400, 3), (True, 400, 6), (True, 30, 4),
+         (False, 150, 1), (False, 150, 3), (False, 150, 5), (False, 150, 9), (False, 20, 30)],
+        fast={(True, 150, 1), (True, 400, 6), (False, 150, 3), (False, 20, 30)},
+    ),
 )  # fmt: skip
 def test_recomputed_steps_in_the_graph_match_the_simulator_at_every_stop(online, steps, c):
     """`recomputed_steps(plan, n)` (`sol.stats.num_recomputed_steps`) as computed at run time
@@ -643,8 +665,9 @@ def _largest_constant(lowered) -> int:
     return max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
 
 
-@pytest.mark.parametrize("max_steps", [10**6, 10**9])
-@pytest.mark.parametrize("checkpoints", [3, 16, None])  # None: the default, 1414 and 44721
+@pytest.mark.parametrize("max_steps", slow_unless([10**6, 10**9], fast={10**9}))
+# None: the default, 1414 and 44721
+@pytest.mark.parametrize("checkpoints", slow_unless([3, 16, None], fast={None}))
 def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps, checkpoints):
     """The schedule (run as the forward loop steps), the reverse sweep's table of binomials and
     the statistics are `O(c r)` integers: the lowered gradient and the statistics hold no

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from selection import slow_unless
 
 from odeckpt.checkpointing import checkpointed_scan, scan_plan
 from odeckpt.checkpointing.schedules import offline_schedule, simulate
@@ -73,6 +74,9 @@ def test_outputs_equal_lax_scan():
         _assert_close(out(init, xs), jax.lax.scan(_step(theta), init, xs))
 
 
+# Gradients against lax.scan's by default: each regime in
+# test_a_plan_made_once_runs_the_scan_as_its_arguments_do, and test_single_step.
+@pytest.mark.slow
 def test_every_c_for_n_8():
     for c in range(1, 9):
         _check(8, 3, c)
@@ -111,6 +115,7 @@ def test_single_step():
     _check(1, 2, 1)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(n=st.integers(1, 200), dim=st.integers(1, 4), frac=st.floats(0, 1), seed=st.integers(0, 99))
 def test_random_lengths_and_checkpoints(n, dim, frac, seed):
@@ -131,6 +136,8 @@ def _random_case(n, dim, frac, seed):
     _check(n, dim, c, seed)
 
 
+# The same regimes, planned, by default: test_a_plan_made_once_runs_the_scan_as_its_arguments_do.
+@pytest.mark.slow
 def test_default_and_budget_regimes_agree():
     init, xs, theta = _problem(50, 3, 1)
     ref = _grads(jax.lax.scan, init, xs, theta)
@@ -195,7 +202,9 @@ def _count(fn, *args):
     return _COUNT[0]
 
 
-@pytest.mark.parametrize(("n", "c"), [(30, 4), (100, 3), (64, 64), (50, 1), (7, 2)])
+@pytest.mark.parametrize(
+    ("n", "c"), slow_unless([(30, 4), (100, 3), (64, 64), (50, 1), (7, 2)], fast={(64, 64), (7, 2)})
+)
 def test_step_evaluations_match_simulator(n, c):
     xs = jnp.linspace(0.5, 1.5, n)
     loss = lambda y0: checkpointed_scan(_counted, y0, xs, checkpoints=c)[0].sum()
@@ -243,6 +252,8 @@ def _user_report(scan, n, **kw):
     return _temp_bytes(jax.grad(loss), jnp.ones(n))
 
 
+# The same claim by default: test_memory_report.py's lax.scan against checkpointed_scan.
+@pytest.mark.slow
 def test_user_report_memory_flat_with_checkpointed_scan():
     plain = [_user_report(jax.lax.scan, n) for n in (5, 10, 20)]
     ours = [_user_report(checkpointed_scan, n, checkpoints=2) for n in (5, 10, 20)]
@@ -289,6 +300,10 @@ def test_forward_mode(c):
     _assert_close(got, run(jax.lax.scan)(tangents))
 
 
+# vmap of the gradient by default: the step counts of test_step_evaluations_match_simulator,
+# test_forward_mode_of_a_closed_over_python_float_under_vmap and test_layers.py's
+# test_checkpointed_scan_keeps_unbatched_outputs_unbatched_under_vmap (against lax.scan).
+@pytest.mark.slow
 def test_vmap_of_grad_and_jacfwd():
     xs = jnp.linspace(0.5, 1.5, 20)
     loss = lambda y0, c: checkpointed_scan(_counted_free, y0, xs, checkpoints=c)[0]
@@ -337,7 +352,9 @@ def _assert_derivatives_agree(loss, x):
     assert float(jnp.max(jnp.abs(fwd))) > 1.0
 
 
-@pytest.mark.parametrize("checkpoints", [2, 6])
+# jacfwd runs no schedule; the states regime's reverse sweep (6) is checked against lax.scan
+# by test_a_plan_made_once_runs_the_scan_as_its_arguments_do: 6 runs with -m slow.
+@pytest.mark.parametrize("checkpoints", slow_unless([2, 6], fast={2}))
 @pytest.mark.parametrize(
     "x", [1.3, pytest.param(jnp.asarray(1.3), marks=pytest.mark.slow),
           pytest.param(np.float64(1.3), marks=pytest.mark.slow), jnp.array([1.3, 0.4])],

@@ -42,7 +42,7 @@ def test_free_fall_stops_at_the_floor():
 
 @pytest.mark.parametrize(
     "adjoint",
-    slow_unless([*REVERSE, "forward"], fast={"recursive", "backsolve", "forward_sensitivity"}),
+    slow_unless([*REVERSE, "forward"], fast={"forward_sensitivity"}),
 )
 def test_free_fall_derivatives_in_closed_form(adjoint):
     # t* = sqrt(2h/g) and v* = -sqrt(2gh); Tsit5 and its interpolant are exact on quadratics.
@@ -104,9 +104,10 @@ def _third_bounce(e: float) -> tuple[float, float]:
     return t, 2 * v1 / G + 4 * e * v1 / G
 
 
-@pytest.mark.parametrize(
-    "adjoint", slow_unless(["direct", "recursive", "forward"], fast={"recursive", "forward"})
-)
+# With -m slow: the jumps are differentiated by default in
+# test_height_after_bounces_and_its_derivative.
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", ["direct", "recursive", "forward"])
 def test_bouncing_ball_third_bounce_and_its_derivative(adjoint):
     e = 0.8
     sol = _bounces(e, adjoint)
@@ -197,7 +198,7 @@ def test_zeno_ball_ends_with_max_jumps_reached():
         odeckpt.solve(ball, jnp.array([1.0, 0.0]), (0.0, 10.0), args=0.5, event=event)
 
 
-@pytest.mark.parametrize("solver", ["tsit5", "kvaerno5"])
+@pytest.mark.parametrize("solver", slow_unless(["tsit5", "kvaerno5"], fast={"tsit5"}))
 def test_zeno_ball_never_falls_through_the_floor(solver):
     # e = 0.5 from h = 1: infinitely many bounces before t = sqrt(2 / G) * 3 = 1.3546. Past
     # the resolution of t the bounces cannot be followed: the solve must say so (the default
@@ -245,9 +246,8 @@ def test_jump_ts_with_constant_steps_keep_the_offline_schedule():
     assert int(stats.num_steps) == 11  # 0.1, 0.2, 0.25-, 0.35, ..., 0.95, 1.0
 
 
-@pytest.mark.parametrize(
-    "adjoint", slow_unless(["recursive", "forward_sensitivity"], fast={"recursive"})
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", ["recursive", "forward_sensitivity"])
 def test_each_lane_finds_its_own_event_under_vmap(adjoint):
     def hit(h):
         sol = odeckpt.solve(fall, jnp.stack([h, 0.0]), (0.0, 1.0), args=(h, G), event=FLOOR,
@@ -296,6 +296,7 @@ def test_backwards_in_time_direction_is_along_the_solve():
     np.testing.assert_allclose(sol.ts[-1], 0.5, rtol=1e-13)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adjoint", ["recursive", "forward_sensitivity"])
 def test_event_time_derivative_backwards_in_time(adjoint):
     # y = exp(-k (t - 2)) from t = 2 down to 0 reaches 3 at t* = 2 - log(3) / k.

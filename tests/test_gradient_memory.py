@@ -15,6 +15,11 @@ a power of two so that the accumulated time is exact and the solve takes exactly
 - `BacksolveAdjoint` stores nothing per step: flat in `n`.
 - At equal `checkpoints`, with Tsit5, odeckpt needs no more than `diffrax`'s
   `RecursiveCheckpointAdjoint`.
+
+The default run checks `RecursiveCheckpointAdjoint` and `BacksolveAdjoint`; `-m slow` also
+`InterpolatingAdjoint`, `DirectAdjoint`, the comparison with diffrax and that the solves take
+exactly `n` steps. `BacksolveAdjoint` with checkpoints is
+`test_memory_is_flat_in_the_number_of_steps` in `test_backsolve.py`.
 """
 
 import functools
@@ -107,6 +112,7 @@ def odeckpt_temp(kind: str, n: int, solver: str = "rk4", checkpoints: int = CHEC
     return temp_bytes(odeckpt_gradient(adjoints[kind], n, stepper))
 
 
+@pytest.mark.slow
 def test_constant_steps_take_exactly_n_steps():
     # The memory claims below assume max_steps = n is enough: check it on a small state.
     for n in STEPS:
@@ -135,6 +141,7 @@ def test_recursive_checkpoint_memory_is_flat_in_steps():
     assert max(temps) < STEPS[0] * STATE_BYTES / 10, temps
 
 
+@pytest.mark.slow
 def test_direct_memory_grows_linearly_in_steps():
     temps = [odeckpt_temp("direct", n) for n in STEPS]
     (n0, n1, n2), (m0, m1, m2) = STEPS, temps
@@ -152,6 +159,7 @@ def test_backsolve_memory_is_flat_in_steps():
     assert max(temps) <= 64 * STATE_BYTES, temps
 
 
+@pytest.mark.slow
 def test_interpolating_memory_is_its_checkpoints_and_window():
     """Flat in the steps: `checkpoints` states and `window` steps of dense output (RK4's
     polynomials of degree 3: 4 states a step; the window held and the one a re-solve fills),
@@ -171,6 +179,7 @@ def _compare_with_diffrax(n):
 # Tsit5 (diffrax has no RK4) at equal checkpoints. For a state this large the snapshots leave out
 # the cached f(t, y), recomputed on restore; the reverse sweep follows the forward run's recorded
 # decisions, so that changes no gradient.
+@pytest.mark.slow
 def test_recursive_checkpoint_memory_at_most_diffrax():
     _compare_with_diffrax(STEPS[0])
 

@@ -117,6 +117,9 @@ def test_float32_running_out_of_steps_suggests_x64(dtype, note):
     assert sol.status == odeckpt.Status.max_steps_reached
 
 
+# With -m slow: closed-over arrays under backsolve are differentiated by default in
+# test_backsolve.py::test_module_arguments_and_closed_over_arrays.
+@pytest.mark.slow
 def test_backsolve_differentiates_closed_over_arrays():
     # diffrax habit: parameters closed over by `f` instead of passed in `args`.
     weights = jnp.array([[1.0, 0.5], [0.2, 1.0]])

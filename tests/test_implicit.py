@@ -79,7 +79,8 @@ def test_esdirk_tableau_rejects_bad_data(change, message):
         ESDIRKTableau(**{**good, **change})
 
 
-@pytest.mark.parametrize("name", NAMES)
+# One ESDIRK and the Rosenbrock method by default; every stepper with -m slow.
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"kvaerno4", "rodas5"}))
 def test_global_convergence_order(name):
     # Newton converged far below the discretisation error, so the slope is the method's.
     stepper = with_newton_tolerances(STEPPERS[name](), 1e-13, 1e-13)
@@ -130,7 +131,9 @@ def test_robertson_against_radau(solver, t1):
         assert sol.stats.num_jacobian_evals < sol.stats.num_steps / 2
 
 
-@pytest.mark.parametrize("solver", slow_unless(["rodas5", "kvaerno5"], fast={"rodas5"}))
+# Rodas5 runs on Robertson and E5 by default.
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ["rodas5", "kvaerno5"])
 def test_van_der_pol_against_radau(solver):
     sol = _solve(STIFF_VAN_DER_POL, 3000.0, solver, rtol=1e-8, atol=1e-10)
     _assert_within(sol.ys[-1], STIFF_REFERENCES[("van_der_pol", 3000.0)], rtol=1e-4, atol=1e-6)
@@ -144,7 +147,7 @@ def test_stored_references(key):
     np.testing.assert_allclose(STIFF_REFERENCES[key], radau_reference(problem, t1), rtol=1e-9)
 
 
-@pytest.mark.parametrize("solver", ["rodas5", "kvaerno5"])
+@pytest.mark.parametrize("solver", slow_unless(["rodas5", "kvaerno5"], fast={"rodas5"}))
 def test_e5_against_reference(solver):
     # The test set's tolerances. y2 and y3 end at 80 atol, so the tolerance allows them a
     # relative error of rtol + atol / |y| = 1.2e-2. y2 - y3 - y4 = 0 is conserved, and rounding
@@ -194,9 +197,10 @@ def _forced_linear_exact(t, y0):
         ("kvaerno4", 1e-7, 1e-5),
         pytest.param("kvaerno5", 1e-8, 1e-6, marks=pytest.mark.slow),
         pytest.param("rodas5", 1e-8, 1e-6, marks=pytest.mark.slow),
-        # Measured: Radau5 1.2e-11 at rtol 1e-8, BDF 1.0e-7 at rtol 1e-7.
-        ("radau", 1e-8, 1e-10),
-        ("bdf", 1e-7, 1e-6),
+        # Measured: Radau5 1.2e-11 at rtol 1e-8, BDF 1.0e-7 at rtol 1e-7. Both are solved
+        # adaptively on stiff problems in test_radau_bdf.py by default.
+        pytest.param("radau", 1e-8, 1e-10, marks=pytest.mark.slow),
+        pytest.param("bdf", 1e-7, 1e-6, marks=pytest.mark.slow),
     ],
 )
 def test_stiff_linear_known_solution(solver, rtol, bound):
@@ -335,7 +339,8 @@ def _backsolve_robertson(tol, **kwargs):
     )
 
 
-@pytest.mark.parametrize("tol", [pytest.param(1e-6, marks=pytest.mark.slow), 1e-8])
+@pytest.mark.slow
+@pytest.mark.parametrize("tol", [1e-6, 1e-8])
 def test_backsolve_robertson_within_its_tolerance(direct_jacobian, tol):
     # Robertson's state cannot be integrated backwards (see the next test), so with an implicit
     # backward solver backsolve re-solves it forwards from its checkpoints and interpolates.
@@ -389,9 +394,7 @@ def test_fn_evals_count_newton_iterations():
     assert len(calls) > 2 + stats.num_steps * odeckpt.Kvaerno3.fn_evals_per_step
 
 
-@pytest.mark.parametrize(
-    "name", slow_unless(["kvaerno5", "radau", "bdf"], fast={"kvaerno5", "radau"})
-)
+@pytest.mark.parametrize("name", slow_unless(["kvaerno5", "radau", "bdf"], fast={"kvaerno5"}))
 def test_newton_failure_with_constant_steps_is_a_status_and_an_error(name):
     solver = STEPPERS[name](newton=odeckpt.Newton(max_iters=1))
     kwargs = dict(controller=odeckpt.ConstantStep(), dt0=10.0)
@@ -402,9 +405,7 @@ def test_newton_failure_with_constant_steps_is_a_status_and_an_error(name):
         _solve(ROBERTSON, 40.0, solver, rtol=1e-8, atol=1e-12, **kwargs).ys.block_until_ready()
 
 
-@pytest.mark.parametrize(
-    "name", slow_unless(["kvaerno3", "radau", "bdf"], fast={"kvaerno3", "bdf"})
-)
+@pytest.mark.parametrize("name", slow_unless(["kvaerno3", "radau", "bdf"], fast={"kvaerno3"}))
 def test_nan_stages_fail_as_nonfinite(name):
     # A vector field that cannot be evaluated past t = 1: every implicit stage beyond it stops
     # on a NaN, so the step halves until it underflows, and the solve reports why.
@@ -417,6 +418,9 @@ def test_nan_stages_fail_as_nonfinite(name):
     assert 0.9 < sol.ts[-1] <= 1.0
 
 
+# The status of a Newton failure is also checked by default by
+# test_newton_failure_with_constant_steps_is_a_status_and_an_error.
+@pytest.mark.slow
 def test_newton_failure_when_no_step_converges():
     # A user Jacobian of the wrong sign sends Newton away from the stage at this step size,
     # which `ConstantStep` cannot shrink: the solve reports the Newton failure.
@@ -458,6 +462,8 @@ def test_newton_krylov_gradient_matches_dense_newton():
     np.testing.assert_allclose(g_krylov, g_dense, rtol=0, atol=1e-6 * np.max(np.abs(g_dense)))
 
 
+# A float32 batch of an implicit stepper runs by default in test_radau_bdf.py (BDF).
+@pytest.mark.slow
 def test_float32_and_vmap():
     k32 = _K.astype(jnp.float32)
     y0 = jnp.array([1.0, 0.0, 0.0], jnp.float32)
@@ -494,7 +500,7 @@ def _complex_linear(t, y, a):
     return a @ y
 
 
-@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"kvaerno5", "rodas5"}))
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"rodas5"}))
 def test_complex_linear_system_against_matrix_exponential(name):
     rtol, bound = _COMPLEX_TOLERANCES[name]
     sol = odeckpt.solve(
@@ -506,7 +512,8 @@ def test_complex_linear_system_against_matrix_exponential(name):
     assert np.max(np.abs(np.asarray(sol.ys[-1]) - exact)) < bound
 
 
-@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"kvaerno5", "rodas5"}))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
 def test_complex_scalar_against_closed_form_in_both_precisions(name):
     rate = -1.0 + 2.0j
     # Implicit Euler holds its steps to rtol**2 / 1e-3 (`tolerance_exponent`): 1e-11 would
@@ -543,9 +550,11 @@ def _phase_decay_real_jacobian(t, y, args):
 @pytest.mark.parametrize(
     "solver",
     [
-        odeckpt.Kvaerno5(),
+        # Kvaerno5 with an automatic Jacobian of a non-holomorphic field also runs by default
+        # in test_complex_gradients_equal_central_differences.
+        pytest.param(odeckpt.Kvaerno5(), marks=pytest.mark.slow),
         odeckpt.Kvaerno3(newton=odeckpt.NewtonKrylov()),
-        odeckpt.Kvaerno5(jac=_phase_decay_real_jacobian),
+        pytest.param(odeckpt.Kvaerno5(jac=_phase_decay_real_jacobian), marks=pytest.mark.slow),
         odeckpt.Rodas5(jac=_phase_decay_real_jacobian),
     ],
     ids=["kvaerno5", "kvaerno3-krylov", "kvaerno5-jac", "rodas5-jac"],
@@ -575,11 +584,11 @@ def _mixed_exact(t, x0, z0):
 @pytest.mark.parametrize(
     "solver",
     [
-        odeckpt.Kvaerno5(),
+        pytest.param(odeckpt.Kvaerno5(), marks=pytest.mark.slow),
         # The complex (n, n) form of `jac=` over the components (x, z_1, z_2): exact here
         # because the field is holomorphic in z and x couples to Re z_1 only.
         odeckpt.Kvaerno5(jac=lambda t, y, a: jnp.block([[-2.0, 1.0, 0.0], [jnp.zeros((2, 1)), a]])),
-        odeckpt.Rodas5(),
+        pytest.param(odeckpt.Rodas5(), marks=pytest.mark.slow),
     ],
     ids=["kvaerno5", "kvaerno5-complex-jac", "rodas5"],
 )
@@ -667,10 +676,11 @@ def test_complex_gradients_equal_central_differences(solver, adjoint):
     np.testing.assert_allclose(g_b, fd_b, rtol=1e-6)
 
 
+# Complex derivatives through implicit stages are checked by default in reverse mode above,
+# forward mode through implicit stages on a real state by test_forward_mode_equals_reverse_mode.
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "solver",
-    [odeckpt.Kvaerno5(), pytest.param(odeckpt.Rodas5(), marks=pytest.mark.slow)],
-    ids=["kvaerno5", "rodas5"],
+    "solver", [odeckpt.Kvaerno5(), odeckpt.Rodas5()], ids=["kvaerno5", "rodas5"]
 )
 def test_complex_forward_mode_equals_central_differences(solver):
     # Real parameters (a scale of each leaf of y0 and of b) to a complex output: jacfwd.

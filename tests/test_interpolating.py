@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from problems import central_differences, lotka_volterra, robertson, sensitivity_reference
+from selection import slow_unless
 
 import odeckpt
 from odeckpt import InterpolatingAdjoint
@@ -38,6 +39,7 @@ def test_lotka_volterra_equals_finite_differences():
     np.testing.assert_allclose(g_t1, fd_t1, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_by_name_and_under_vmap():
     """`adjoint="interpolating"` under `vmap` of `grad`: each lane equals the closed form of
     `y' = -k y^2`."""
@@ -76,7 +78,7 @@ def _decay_gradient(adjoint, t1=20.0):
     return float(grad), int(steps)
 
 
-@pytest.mark.parametrize("window", [4, 8])
+@pytest.mark.parametrize("window", slow_unless([4, 8], fast={4}))
 def test_each_stretch_is_re_solved_once(window):
     """With enough checkpoints (stored every `window // 2` accepted steps) every stretch between
     them is re-solved once: `ceil(n / (window // 2))` re-solves for `n` accepted steps (one
@@ -90,6 +92,7 @@ def test_each_stretch_is_re_solved_once(window):
     np.testing.assert_allclose(grad, -20.0 * math.exp(-0.3 * 20.0), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_few_checkpoints_still_cover_the_solve():
     """Two slots on a solve of many times more steps: the spacing doubles as they fill, they
     still span the solve, and the gradient stays right (at more re-solves)."""
@@ -122,7 +125,8 @@ def _digits(jacobian, reference):
 
 @pytest.mark.parametrize(
     "t1, rtol, at_least",
-    [(1e5, 1e-6, 5.0), pytest.param(1e5, 1e-8, 7.0, marks=pytest.mark.slow),
+    [pytest.param(1e5, 1e-6, 5.0, marks=pytest.mark.slow),
+     pytest.param(1e5, 1e-8, 7.0, marks=pytest.mark.slow),
      pytest.param(1e11, 1e-6, 3.5, marks=pytest.mark.slow),
      pytest.param(1e11, 1e-8, 4.5, marks=pytest.mark.slow)],
 )  # fmt: skip

@@ -1,5 +1,6 @@
 """`checkpoint_layers` and `checkpointed_layers` against the uncheckpointed model (float64,
-tolerance 1e-12): MLP stacks, transformer-style blocks with dropout, batch norm with state."""
+tolerance 1e-12): MLP stacks, dropout, batch norm with state, and (with `-m slow`)
+transformer-style blocks with dropout."""
 
 from functools import partial
 
@@ -114,6 +115,9 @@ def _mlp_blocks(depth, width=4, hidden=6, seed=0):
     return [MLPBlock(width, hidden, k) for k in jr.split(jr.key(seed), depth)]
 
 
+# Stacks of MLP blocks by default: test_stacks_repeated_units_and_falls_back_for_the_rest,
+# test_forward_mode_and_gradients_on_the_original_leaves and test_policy_passes_through.
+@pytest.mark.slow
 def test_mlp_sequential_gradients_equal():
     first = eqx.nn.Linear(3, 4, key=jr.key(1))
     last = eqx.nn.Linear(4, 2, key=jr.key(2))
@@ -169,6 +173,7 @@ def test_forward_mode_and_gradients_on_the_original_leaves():
     _assert_close(grad_x(checkpoint_layers), grad_x(lambda m: m))
 
 
+@pytest.mark.slow
 def test_second_order():
     model = eqx.nn.Sequential(_mlp_blocks(4))
     x, v = jr.normal(jr.key(1), (3, 4)), jr.normal(jr.key(2), (3, 4))
@@ -217,6 +222,8 @@ def _check_transformer(make_model):
     _assert_close(_grads(ckpt, model, x, key), _grads(_transformer_loss, model, x, key))
 
 
+# Dropout keys by default: test_checkpointed_layers_from_a_list_with_dropout_keys.
+@pytest.mark.slow
 def test_transformer_blocks_with_dropout_gradients_equal():
     _check_transformer(eqx.nn.Sequential)  # stacked, under lax.scan
 
@@ -328,6 +335,10 @@ def test_checkpointed_layers_with_state():
     _assert_close(new_state, ref_state)
 
 
+# By default: batch norm in test_batch_norm_gradients_and_state_equal, a state through
+# checkpointed_layers in test_checkpointed_layers_with_state, lax.pmean under vmap in
+# test_checkpointed_scan_keeps_unbatched_outputs_unbatched_under_vmap.
+@pytest.mark.slow
 def test_checkpointed_layers_batch_norm_under_vmap():
     # `lax.pmean` over the named vmap axis inside the checkpointed loop, forward and reverse;
     # the batch statistics in the state come back unbatched (`out_axes=None`).
@@ -429,7 +440,8 @@ def _temp_bytes(loss, model, x):
 @pytest.mark.parametrize(
     "depth, batch, width, hidden",
     [
-        (8, 2048, 32, 256),  # activations dominate: 4 MiB per block against 64 KiB of parameters
+        # activations dominate: 4 MiB per block against 64 KiB of parameters
+        pytest.param(8, 2048, 32, 256, marks=pytest.mark.slow),
         (12, 256, 128, 512),  # 1 MiB of activations per block against 0.5 MiB of parameters
     ],
 )
@@ -450,6 +462,8 @@ def test_memory_checkpoint_layers_falls_to_inputs_plus_one_block(depth, batch, w
     assert ckpt <= bound and ckpt < 0.6 * plain, (ckpt, bound, plain)
 
 
+# checkpointed_layers is a checkpointed_scan: test_checkpointed_scan.py's memory checks.
+@pytest.mark.slow
 def test_memory_checkpointed_layers_flat_in_depth():
     make = lambda k: MLPBlock(16, 64, k, dtype=jnp.float32)
     x = jnp.ones((256, 16), jnp.float32)
@@ -471,6 +485,9 @@ def test_forward_mode_from_a_python_float_input():
     _assert_close(fwd, jax.jacrev(lambda x: jnp.sin(jnp.sin(jnp.sin(x))))(1.0))
 
 
+# Forward mode through a stack by default: test_forward_mode_from_a_python_float_input and
+# test_forward_mode_and_gradients_on_the_original_leaves.
+@pytest.mark.slow
 def test_layers_closing_over_a_differentiated_value():
     """A repeated layer whose function closes over the differentiated input (a Python float, or
     an array): the stack is scanned, and jacfwd == jacrev == the plain model's derivative."""

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from selection import slow_unless
 
 import odeckpt
 from odeckpt.checkpointing import (
@@ -142,9 +143,14 @@ def test_plan_errors_name_the_fix():
 # The engine
 
 
+# By default a binomial split of the segments and the states regime in each.
 @pytest.mark.parametrize(
-    "checkpoints", [{"device": 1, "host": 1}, {"device": 2, "host": 5}, {"device": 1, "host": 37},
-                    {"device": 4, "host": 9}, {"device": 5, "host": 8}, 3],
+    "checkpoints",
+    slow_unless(
+        [{"device": 1, "host": 1}, {"device": 2, "host": 5}, {"device": 1, "host": 37},
+         {"device": 4, "host": 9}, {"device": 5, "host": 8}, 3],
+        fast=[{"device": 2, "host": 5}, {"device": 5, "host": 8}],
+    ),
 )  # fmt: skip
 def test_scan_gradients_equal_single_level(checkpoints, scan_reference):
     """`{"device": 5, "host": 8}`: segments of 5 steps with a device slot for each (the plan's
@@ -192,6 +198,10 @@ def _while(**kw):
     return jax.jit(jax.grad(run, argnums=(0, 1)))
 
 
+# An offloaded while loop's gradient by default: the adaptive solve in
+# test_solve_gradients_equal_without_offload, and jacrev in
+# test_forward_mode_of_a_closed_over_python_float.
+@pytest.mark.slow
 def test_while_loop_gradients_equal_single_level_at_every_kind_of_stop():
     y0 = jnp.array([0.1, 0.5, 0.9])
     got = _while(checkpoints={"device": 2, "host": 3}, offload="host")  # segments of 9 steps
@@ -204,7 +214,8 @@ def test_while_loop_gradients_equal_single_level_at_every_kind_of_stop():
 
 
 @pytest.mark.parametrize(
-    ("n", "segment_slots", "c"), [(30, 4, 3), (17, 17, 1), (40, 3, 1), (30, 4, 8)]
+    ("n", "segment_slots", "c"),
+    slow_unless([(30, 4, 3), (17, 17, 1), (40, 3, 1), (30, 4, 8)], fast={(40, 3, 1)}),
 )
 def test_step_evaluations_match_simulator(n, segment_slots, c):
     xs = jnp.linspace(0.5, 1.5, n)

@@ -157,7 +157,8 @@ def _history(t0, h, order):
     return rows
 
 
-@pytest.mark.parametrize("order", range(1, MAX_ORDER + 1))
+# A low and the highest order by default; every order with -m slow.
+@pytest.mark.parametrize("order", slow_unless(list(range(1, MAX_ORDER + 1)), fast={2, MAX_ORDER}))
 def test_bdf_formula_of_each_order(order):
     """One step of order `k` from the exact equally spaced history: local error `h^(k+1)`. (A
     variable-order solve starts at order 1, so its global error with constant steps is
@@ -209,7 +210,7 @@ _ROBERTSON_BOUNDS = {
     "solver, t1",
     [
         ("radau", 1e5),
-        ("radau", 1e11),
+        pytest.param("radau", 1e11, marks=pytest.mark.slow),
         pytest.param("bdf", 1e5, marks=pytest.mark.slow),
         pytest.param("bdf", 1e11, marks=pytest.mark.slow),
     ],
@@ -222,7 +223,9 @@ def test_robertson_against_scipy_radau(solver, t1):
     assert 0 < sol.stats.num_jacobian_evals < sol.stats.num_steps / 2
 
 
-@pytest.mark.parametrize("solver", ["radau", pytest.param("bdf", marks=pytest.mark.slow)])
+# Radau5 on Van der Pol runs by default in test_error_falls_about_a_decade_per_decade_of_rtol.
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", NAMES)
 def test_van_der_pol_against_scipy_radau(solver):
     # mu = 1000 over [0, 3000]: the error at t1 is a phase error of the relaxation
     # oscillation. Measured at rtol 1e-8: Radau5 9.1e-9, BDF 3.7e-7 (relative).
@@ -248,7 +251,8 @@ def _jacobian(solver, adjoint, transform=jax.jacrev):
     return np.asarray(function(_K, adjoint, solver))
 
 
-@pytest.mark.parametrize("solver", ["radau", pytest.param("bdf", marks=pytest.mark.slow)])
+# Radau5 by default (reverse mode through its stages), BDF with -m slow.
+@pytest.mark.parametrize("solver", slow_unless(NAMES, fast={"radau"}))
 def test_recursive_equals_direct(solver):
     """d y(10) / d k of Robertson in reverse mode, the stages through the implicit function
     theorem: the checkpointed sweep replays the forward steps (and BDF's orders) exactly."""
@@ -284,11 +288,9 @@ def test_backsolve_with_radau_or_bdf_backward(solver):
 # ----------------------------------------------------- Newton-Krylov, complex states, batches
 
 
-@pytest.mark.parametrize(
-    "solver",
-    [pytest.param(odeckpt.Radau5, marks=pytest.mark.slow), odeckpt.BDF],
-    ids=NAMES,
-)
+# With -m slow: Newton-Krylov against dense Newton runs by default in test_implicit.py.
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", [odeckpt.Radau5, odeckpt.BDF], ids=NAMES)
 def test_newton_krylov_matches_dense_newton(solver):
     # The heat equation with a cubic sink, solved with each Newton method at rtol 1e-7.
     @functools.partial(jax.jit, static_argnums=0)

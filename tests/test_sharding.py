@@ -3,9 +3,9 @@ sharding; the same across two processes joined by `jax.distributed`.
 
 The device count must be set before JAX starts its backend, so the checks run in fresh processes
 (`sharded_checks.py`) with `XLA_FLAGS=--xla_force_host_platform_device_count=4`; this file
-asserts on the figures they print. The default run checks the ensemble and the constant-step
-grid in one process (about 30 s of CPU time); the adaptive grid and the two-process run (each
-process compiling the solve and its gradient twice) are `slow`.
+asserts on the figures they print. The default run checks the ensemble (about 30 s of CPU
+time); the grids (constant and adaptive steps, their checkpoints sharded) and the two-process
+run (each process compiling the solve and its gradient twice) are `slow`.
 """
 
 import json
@@ -45,8 +45,8 @@ def assert_no_gathers(counts: dict[str, int]) -> None:
 
 @pytest.fixture(scope="module")
 def default_checks() -> dict:
-    """The ensemble and the RK4 grid, in one process (one JAX start-up)."""
-    return run_checks("ensemble", "grid", "--solvers", "rk4")
+    """The ensemble, in one process."""
+    return run_checks("ensemble")
 
 
 def test_sharded_ensemble(default_checks):
@@ -78,10 +78,11 @@ def check_grid(result: dict, tolerance: float) -> None:
     assert result["per_device_snapshots"] and not result["full_snapshots"]
 
 
-def test_sharded_grid_constant_steps(default_checks):
+@pytest.mark.slow
+def test_sharded_grid_constant_steps():
     """A 64x64 state sharded `P('x', None)`, RK4 with constant steps, and its gradient with
     `RecursiveCheckpointAdjoint(checkpoints=8)`: equal to the unsharded solve, sharding kept."""
-    check_grid(default_checks["grid"]["rk4"], 1e-12)
+    check_grid(run_checks("grid", "--solvers", "rk4")["grid"]["rk4"], 1e-12)
 
 
 @pytest.mark.slow

@@ -14,7 +14,13 @@ ADAPTIVE = ["heun", "bosh3", "tsit5", "dopri5", "dopri8"]
 
 
 @pytest.mark.parametrize(
-    "problem", [LOTKA_VOLTERRA, VAN_DER_POL, PLEIADES], ids=["lv", "vdp", "pleiades"]
+    "problem",
+    [
+        pytest.param(LOTKA_VOLTERRA, marks=pytest.mark.slow),
+        VAN_DER_POL,
+        pytest.param(PLEIADES, marks=pytest.mark.slow),
+    ],
+    ids=["lv", "vdp", "pleiades"],
 )
 @pytest.mark.parametrize("solver", slow_unless(["tsit5", "dopri5", "dopri8"], fast={"tsit5"}))
 def test_adaptive_matches_scipy(problem, solver):
@@ -40,7 +46,10 @@ def test_adaptive_matches_scipy(problem, solver):
     assert int(sol.stats.num_rejected_steps) < int(sol.stats.num_accepted_steps)
 
 
-@pytest.mark.parametrize("solver", slow_unless(ADAPTIVE, fast={"tsit5", "dopri8"}))
+# With -m slow: Tsit5's error falling with the tolerance is checked by default in
+# test_tolerances.py::test_traced_rtol_compiles_once_and_controls_the_error.
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", ADAPTIVE)
 def test_error_falls_with_tolerance(solver):
     problem = VAN_DER_POL
     expected = reference(problem, [problem["t_span"][1]])[0]
@@ -63,12 +72,12 @@ def test_error_falls_with_tolerance(solver):
 @pytest.mark.parametrize(
     "solver",
     # Every stepper's order is checked step by step in test_steppers.py; through `solve`,
-    # the classic fourth-order and the highest-order one.
+    # by default, the classic fourth-order one.
     slow_unless(
         sorted(
             ["euler", "heun", "midpoint", "ralston", "rk4", "bosh3", "tsit5", "dopri5", "dopri8"]
         ),
-        fast={"rk4", "dopri8"},
+        fast={"rk4"},
     ),
 )
 def test_constant_step_order_through_solve(solver):
@@ -89,7 +98,12 @@ def test_constant_step_order_through_solve(solver):
 
 @pytest.mark.parametrize(
     "t_span, dt0, steps",
-    [((0.0, 1.0), 0.1, 10), ((0.0, 1.0), 0.3, 4), ((2.0, -1.0), -0.25, 12), ((0.0, 1.0), 2.0, 1)],
+    [
+        pytest.param((0.0, 1.0), 0.1, 10, marks=pytest.mark.slow),
+        ((0.0, 1.0), 0.3, 4),
+        ((2.0, -1.0), -0.25, 12),
+        ((0.0, 1.0), 2.0, 1),
+    ],
 )
 def test_constant_step_count(t_span, dt0, steps):
     sol = odeckpt.solve(
@@ -107,7 +121,8 @@ def test_constant_step_count(t_span, dt0, steps):
     assert np.all(np.isinf(sol.ts[steps:-1]))
 
 
-@pytest.mark.parametrize("backwards", [False, True])
+# Backwards with -m slow (a backward span is stepped by default in test_constant_step_count).
+@pytest.mark.parametrize("backwards", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_saveat_blocks(backwards):
     t0, t1 = (3.0, 0.0) if backwards else (0.0, 3.0)
     ts = np.linspace(t0, t1, 50)
@@ -185,6 +200,9 @@ def test_float32_and_complex_states():
     np.testing.assert_allclose(solc.ys[-1], np.exp(2j) * np.ones(2), rtol=1e-8)
 
 
+# With -m slow: `solve` under `vmap` runs by default in test_progress_bar_under_jit_and_vmap
+# and test_batching.py.
+@pytest.mark.slow
 def test_vmap_over_y0_args_and_span_matches_loop():
     f, args = (
         lotka_volterra,

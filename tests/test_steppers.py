@@ -216,7 +216,9 @@ def test_evaluations_per_step(name):
 # ---------------------------------------------------------------------------- orders
 
 
-@pytest.mark.parametrize("name", NAMES)
+# Every tableau's order is checked step by step below (test_local_error_order, all but
+# Dopri8); globally, by default, the classic fourth-order method, the default Tsit5 and Dopri8.
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"rk4", "tsit5", "dopri8"}))
 @pytest.mark.parametrize("backwards", [False, True], ids=["forwards", "backwards"])
 def test_global_convergence_order(name, backwards):
     stepper = STEPPERS[name]()
@@ -326,7 +328,7 @@ _DIFFRAX = {
 }
 
 
-@pytest.mark.parametrize("name", slow_unless(list(_DIFFRAX), fast={"tsit5", "dopri5"}))
+@pytest.mark.parametrize("name", slow_unless(list(_DIFFRAX), fast={"dopri5"}))
 def test_matches_diffrax_step(name):
     """Same tableau, same step: y1 agrees; for the pairs so does |y_error| (diffrax's sign
     convention varies between its solvers); for Tsit5 and Dopri5 the native dense output agrees
@@ -397,7 +399,7 @@ def test_pytree_state_matches_flat_state(name):
         np.testing.assert_allclose(ravel_pytree(tree.y_error)[0], flat.y_error, atol=1e-16)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"rk4", "tsit5"}))
 def test_float32_state_stays_float32(name):
     stepper = STEPPERS[name]()
     y0 = {"a": jnp.array([1.0, -0.5, 2.0], jnp.float32), "b": jnp.array([[0.3]], jnp.float32)}
@@ -415,7 +417,7 @@ def test_float32_state_stays_float32(name):
     np.testing.assert_allclose(ravel_pytree(step.y1)[0], ravel_pytree(reference.y1)[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", slow_unless(NAMES, fast={"rk4", "tsit5"}))
 @pytest.mark.parametrize("dtype", [jnp.complex64, jnp.complex128])
 def test_complex_state(name, dtype):
     """y' = (i - 1/2) y, exact solution exp((i - 1/2) t): the right dtype and the local error
@@ -480,7 +482,7 @@ def test_fence_materialises_large_leaves_only():
     assert _count_conditionals(jax.vmap(twice, (None, 0)), t, jnp.ones((2, 4096))) == 0
 
 
-@pytest.mark.parametrize("name", ["rk4", "tsit5", "dopri8"])
+@pytest.mark.parametrize("name", slow_unless(["rk4", "tsit5", "dopri8"], fast={"rk4", "tsit5"}))
 def test_stage_states_of_a_large_state_are_fenced(name):
     """Every stage state and `y1` of an explicit step on a large state reaches `f` through a
     fence (the fix for stencil vector fields: `benchmarks/bench_gradients.py`, problem (c)),

@@ -30,7 +30,7 @@ def test_traced_rtol_compiles_once_and_controls_the_error():
     assert errors[1] == pytest.approx(float(exact_error(1e-5)[0]), rel=1e-12)
 
 
-@pytest.mark.parametrize("solver", ["radau", "bdf"])
+@pytest.mark.parametrize("solver", ["radau", pytest.param("bdf", marks=pytest.mark.slow)])
 def test_traced_rtol_with_the_steppers_that_propose_their_steps(solver):
     """Radau5 and BDF take the solve's tolerances for their own step-size proposal too: traced,
     one compile serves every value, the error falls with it, and a bad one is a status."""
@@ -82,6 +82,9 @@ def test_array_tolerances_compile_once_outside_jit():
     assert odeckpt._solve._solve._cached._cache_size() == before
 
 
+# With -m slow: traced tolerances under `vmap` run by default in
+# test_vmap_over_tolerances_with_one_invalid_lane.
+@pytest.mark.slow
 def test_vmap_over_rtol():
     errors, sols = jax.vmap(exact_error)(jnp.array([1e-4, 1e-8]))
     assert errors[1] < errors[0] / 100
@@ -119,6 +122,7 @@ def test_tolerance_pytree_per_leaf():
     np.testing.assert_allclose(traced["small"], sol.ys["small"], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_per_leaf_tolerances_with_implicit_stepper_and_backsolve():
     # Newton and the backward solve use one tolerance (the tightest): the gradient still matches.
     y0 = jnp.array([1.0, 0.5])
@@ -138,8 +142,8 @@ def test_per_leaf_tolerances_with_implicit_stepper_and_backsolve():
     "bad, message",
     [
         (float("nan"), "invalid"),
-        (0.0, "invalid"),
-        (-1e-6, "invalid"),
+        pytest.param(0.0, "invalid", marks=pytest.mark.slow),
+        pytest.param(-1e-6, "invalid", marks=pytest.mark.slow),
     ],
 )
 def test_invalid_traced_tolerance_is_a_status(bad, message):
