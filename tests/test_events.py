@@ -180,6 +180,34 @@ def test_forward_sensitivity_follows_an_event_that_depends_on_parameters():
     np.testing.assert_allclose(got_fwd[1], [0, 0, 0, 0, 1], atol=1e-10)
 
 
+def test_forward_sensitivity_refuses_a_derivative_when_its_solve_meets_other_events():
+    # A jump on a short dip of the event function below zero around t = 3.3, of depth `eps`:
+    # whether a solve sees it depends on its steps, and the sensitivity solve takes other steps
+    # than the state's. Where the two disagree, the derivative would belong to the other
+    # trajectory (a factor 4 apart here): it must be NaN (or raise), never finite.
+    dip = odeckpt.Event(lambda t, y, a: (t - 3.3) ** 2 - a[1], terminal=False,
+                        update=lambda t, y, a: 2.0 * y)  # fmt: skip
+
+    def final(p, eps, adjoint, throw=False):
+        sol = odeckpt.solve(lambda t, y, a: -a[0] * y, jnp.array([1.0]), (0.0, 10.0),
+                            args=jnp.stack([p, eps]), event=dip, adjoint=adjoint, rtol=1e-10,
+                            atol=1e-10, throw=throw)  # fmt: skip
+        return sol.ys[-1, 0]
+
+    eps = jnp.geomspace(1e-5, 3e-7, 8)
+    per_lane = lambda adjoint: jax.jit(
+        jax.vmap(jax.grad(lambda p, e: final(p, e, adjoint)), in_axes=(None, 0))
+    )(1.0, eps)
+    sensitivity, discrete = np.asarray(per_lane("forward_sensitivity")), per_lane("recursive")
+    trusted = np.isfinite(sensitivity)
+    np.testing.assert_allclose(sensitivity[trusted], discrete[trusted], rtol=1e-6)
+    # Both sides of the dip's threshold are trusted somewhere, and the disagreement is caught.
+    assert trusted[0] and trusted[-1] and not trusted.all(), sensitivity
+    with pytest.raises(Exception, match="met other events"):
+        missed = float(eps[np.argmin(trusted)])
+        jax.grad(final)(1.0, missed, "forward_sensitivity", True).block_until_ready()
+
+
 def test_backsolve_refuses_jumps_at_call_time():
     with pytest.raises(ValueError, match="terminal events only.*'recursive'"):
         _bounces(0.8, "backsolve")

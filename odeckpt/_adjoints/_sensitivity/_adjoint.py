@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from ..._newton import Newton
 from ..._real_coordinates import RealCoordinates
-from ..._status import Status
 from ..._steppers._implicit import AbstractImplicit
 from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
@@ -50,7 +49,8 @@ class ForwardSensitivity(AbstractAdjoint):
     Events (`odeckpt.Event`) are located on the state; at each crossing the sensitivities
     follow the event time (the implicit function theorem), and through an `update` the jump
     condition of hybrid systems (see docs/events.md). An event's `fn` and `update` reach the
-    parameters through `args` only.
+    parameters through `args` only. A sensitivity solve that meets other events than the
+    state's (its steps differ) gives NaN derivatives, and raises with `throw=True`.
 
     Saves at `t0`, `t1` and save times (`SaveAt(ts=...)`); `SaveAt(steps=True)` and
     `SaveAt(dense=True)` raise. A failed solve of the sensitivities (which may need more
@@ -205,8 +205,7 @@ def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs, tole
     direction = integrated(t_inputs)
     sens = sensitivities(inputs, jax.tree.map(lambda x: x[None], direction), tolerances)
     end, rows = _times_part(inputs, saved, t_inputs.loop.t_end, t_inputs.loop.ts)
-    primal_ok = loop.final_status(final) == Status.successful
-    sens = checked(loop, primal_ok, sens, sens)
+    sens = checked(loop, final, sens, sens)
     t_final = _zeros_like_out(final)
     dy = jax.tree.map(lambda s, e: s[0] + e, sens.end, end)
     t_end = jnp.where(_fired(loop, final), sens.t_end[0], t_inputs.loop.t_end)
@@ -243,8 +242,7 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
     coordinates, flat = RealCoordinates.make(theta)
     basis = jax.vmap(coordinates.unravel)(jnp.eye(flat.shape[0], dtype=flat.dtype))
     sens = sensitivities(inputs, _completed(basis, inputs), tolerances)
-    primal_ok = loop.final_status(final) == Status.successful
-    sens = checked(loop, primal_ok, sens, sens)
+    sens = checked(loop, final, sens, sens)
     written = None if loop.ts is None else _written(inputs, outputs)
 
     if sens.rows is not None:

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._events import EventState
 from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
 from ..._outputs import Outputs
@@ -29,6 +30,15 @@ SENSITIVITY_FAILED = (
     "sensitivities' error control may need more steps than the state's. Fix: raise "
     "`max_steps`, loosen `rtol`/`atol`, or use adjoint='recursive' (the derivative of the "
     "discrete solve, without error control)."
+)
+
+EVENTS_DIFFER = (
+    "ForwardSensitivity: the solve of the sensitivities met other events than the solve of the "
+    "state (its steps, chosen for the sensitivities too, saw a crossing the state's steps did "
+    "not, or missed one: a short dip of an event function, or a crossing near a tangency). Its "
+    "derivative would belong to another trajectory. Fix: tighten `rtol`/`atol` so that both "
+    "solves resolve the event function, or use adjoint='recursive' (the derivative of the "
+    "discrete solve, whose events are the state's)."
 )
 
 
@@ -53,13 +63,14 @@ class Integrated(eqx.Module):
 class Sensitivities(eqx.Module):
     """The tangents of a solve along one or more directions (leading axis), unscaled: at the
     end of the span and at the save times (`None` without them), of the final (internal) time
-    when a terminal event ended the solve (`t_end`, zero otherwise), and whether the solve of
-    the sensitivities succeeded."""
+    when a terminal event ended the solve (`t_end`, zero otherwise), whether the solve of the
+    sensitivities succeeded, and the events it met (`None` without events)."""
 
     end: object
     rows: object
     t_end: jax.Array
     succeeded: jax.Array
+    events: EventState | None
 
 
 def integrated(inputs: SensitivityInputs) -> Integrated:
@@ -112,7 +123,7 @@ def sensitivities(
     )
     rows = None if outputs.ts is None else unscale(outputs.ts.s, 1)
     succeeded = aug.final_status(final) == Status.successful
-    return Sensitivities(unscale(end, 0), rows, unscale(t_end, 0), succeeded)
+    return Sensitivities(unscale(end, 0), rows, unscale(t_end, 0), succeeded, final.events)
 
 
 def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
@@ -142,9 +153,18 @@ def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
     return jax.tree.map(pick, at.y, final.y.s), pick(at.tau, jnp.zeros_like(at.tau))
 
 
-def checked(loop: IntegrationLoop, primal_ok, sens: Sensitivities, tree):
-    """`tree`, raising (with `throw`) if the sensitivity solve failed after a successful solve
-    of the state, and NaN wherever the sensitivity solve failed."""
+def checked(loop: IntegrationLoop, primal: LoopState, sens: Sensitivities, tree):
+    """`tree`, raising (with `throw`) if, after a successful solve of the state (`primal`, its
+    final state), the sensitivity solve failed or met other events; NaN wherever it did."""
+    primal_ok = loop.final_status(primal) == Status.successful
+    same_events = jnp.array(True)
+    if sens.events is not None:
+        same_events = (sens.events.event == primal.events.event) & jnp.all(
+            sens.events.num_jumps == primal.events.num_jumps
+        )
     if loop.throw:
         tree = eqx.error_if(tree, primal_ok & ~sens.succeeded, SENSITIVITY_FAILED)
-    return jax.tree.map(lambda x: jnp.where(sens.succeeded, x, jnp.nan).astype(x.dtype), tree)
+        tree = eqx.error_if(tree, primal_ok & sens.succeeded & ~same_events, EVENTS_DIFFER)
+    trusted = sens.succeeded & same_events
+    nan = lambda x: jnp.where(trusted, x, jnp.nan).astype(x.dtype)
+    return jax.tree.map(lambda x: nan(x) if eqx.is_inexact_array(x) else x, tree)
