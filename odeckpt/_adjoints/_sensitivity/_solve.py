@@ -8,6 +8,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._controllers import PIDController
+from ..._error_norm import per_leaf, rms
 from ..._events import EventState
 from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
@@ -35,11 +37,17 @@ SENSITIVITY_FAILED = (
 EVENTS_DIFFER = (
     "ForwardSensitivity: the solve of the sensitivities met other events than the solve of the "
     "state (its steps, chosen for the sensitivities too, saw a crossing the state's steps did "
-    "not, or missed one: a short dip of an event function, or a crossing near a tangency). Its "
-    "derivative would belong to another trajectory. Fix: tighten `rtol`/`atol` so that both "
-    "solves resolve the event function, or use adjoint='recursive' (the derivative of the "
-    "discrete solve, whose events are the state's)."
+    "not, or missed one, or met it elsewhere: a short dip of an event function, or a crossing "
+    "near a tangency), and ended on another trajectory. Its derivative would be that "
+    "trajectory's. Fix: tighten `rtol`/`atol` so that both solves resolve the event function, "
+    "or use adjoint='recursive' (the derivative of the discrete solve, whose events are the "
+    "state's)."
 )
+
+MAX_TRAJECTORY_DIFFERENCE = 1000.0
+"""With events, how far (in the root mean square of `(y - y') / (atol + rtol |y|)`) the final
+states of the solve of the state and of the solve of its sensitivities may lie apart: both are
+solutions to the tolerances, while one that met another crossing lies far from the other."""
 
 
 class SensitivityInputs(NamedTuple):
@@ -64,13 +72,14 @@ class Sensitivities(eqx.Module):
     """The tangents of a solve along one or more directions (leading axis), unscaled: at the
     end of the span and at the save times (`None` without them), of the final (internal) time
     when a terminal event ended the solve (`t_end`, zero otherwise), whether the solve of the
-    sensitivities succeeded, and the events it met (`None` without events)."""
+    sensitivities succeeded, and (with events) the events it met and the state it ended in."""
 
     end: object
     rows: object
     t_end: jax.Array
     succeeded: jax.Array
     events: EventState | None
+    state_end: Y
 
 
 def integrated(inputs: SensitivityInputs) -> Integrated:
@@ -123,7 +132,9 @@ def sensitivities(
     )
     rows = None if outputs.ts is None else unscale(outputs.ts.s, 1)
     succeeded = aug.final_status(final) == Status.successful
-    return Sensitivities(unscale(end, 0), rows, unscale(t_end, 0), succeeded, final.events)
+    return Sensitivities(
+        unscale(end, 0), rows, unscale(t_end, 0), succeeded, final.events, final.y.y
+    )
 
 
 def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
@@ -162,9 +173,25 @@ def checked(loop: IntegrationLoop, primal: LoopState, sens: Sensitivities, tree)
         same_events = (sens.events.event == primal.events.event) & jnp.all(
             sens.events.num_jumps == primal.events.num_jumps
         )
+        same_events = same_events & _near(loop.controller, primal.y, sens.state_end)
     if loop.throw:
-        tree = eqx.error_if(tree, primal_ok & ~sens.succeeded, SENSITIVITY_FAILED)
-        tree = eqx.error_if(tree, primal_ok & sens.succeeded & ~same_events, EVENTS_DIFFER)
+        # Other events first: a sensitivity solve may fail because of them (`max_jumps`).
+        tree = eqx.error_if(tree, primal_ok & ~same_events, EVENTS_DIFFER)
+        tree = eqx.error_if(tree, primal_ok & same_events & ~sens.succeeded, SENSITIVITY_FAILED)
     trusted = sens.succeeded & same_events
     nan = lambda x: jnp.where(trusted, x, jnp.nan).astype(x.dtype)
     return jax.tree.map(lambda x: nan(x) if eqx.is_inexact_array(x) else x, tree)
+
+
+def _near(controller, y: Y, other: Y) -> jax.Array:
+    """Whether `other` lies within `MAX_TRAJECTORY_DIFFERENCE` of `y` in the tolerances of
+    `controller` (always, for constant steps: both solves then take the same steps, and the
+    same crossings)."""
+    if not isinstance(controller, PIDController):
+        return jnp.array(True)
+    rtol, atol = per_leaf(controller.rtol, y), per_leaf(controller.atol, y)
+    scale = jax.tree.map(
+        lambda a, b, r, t: t + r * jnp.maximum(jnp.abs(a), jnp.abs(b)), y, other, rtol, atol
+    )
+    difference = rms(jax.tree.map(jnp.subtract, y, other), scale)
+    return difference <= MAX_TRAJECTORY_DIFFERENCE
