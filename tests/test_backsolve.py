@@ -213,10 +213,10 @@ def test_t1_gradient_is_cotangent_times_vector_field():
 
 @pytest.mark.parametrize(
     "options",
+    # With -m slow (backsolve's gradients per lane under vmap are checked by default in
+    # test_faults.py, against the closed form).
     [
-        dict(checkpoints=3),
-        # Forward re-solves under vmap: the same check, `-m slow` (their gradients are checked
-        # against finite differences in the default run).
+        pytest.param(dict(checkpoints=3), marks=pytest.mark.slow),
         pytest.param(dict(checkpoints=2, reconstruct="forward", window=4), marks=pytest.mark.slow),
     ],
     ids=["backward", "forward"],

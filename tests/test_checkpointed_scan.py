@@ -156,6 +156,7 @@ def test_plan_reports_regime():
     assert scan_plan(f, init, xs, memory_budget=200).regime == "binomial"
 
 
+@pytest.mark.slow
 def test_a_plan_made_once_runs_the_scan_as_its_arguments_do():
     init, xs, theta = _problem(50, 3, 1)
     ref = _grads(jax.lax.scan, init, xs, theta)

@@ -40,10 +40,11 @@ def test_free_fall_stops_at_the_floor():
     assert sol.ys[-1, 0] >= 0
 
 
-@pytest.mark.parametrize(
-    "adjoint",
-    slow_unless([*REVERSE, "forward"], fast={"forward_sensitivity"}),
-)
+# ForwardMode by default (the implicit-function term that direct and recursive differentiate
+# too); ForwardSensitivity's event derivatives are checked by default in test_faults.py (per
+# lane, against the closed form) and against the discrete derivative in
+# test_forward_sensitivity_refuses_a_derivative_when_its_solve_meets_other_events.
+@pytest.mark.parametrize("adjoint", slow_unless([*REVERSE, "forward"], fast={"forward"}))
 def test_free_fall_derivatives_in_closed_form(adjoint):
     # t* = sqrt(2h/g) and v* = -sqrt(2gh); Tsit5 and its interpolant are exact on quadratics.
     h, g = 1.3, G
@@ -132,9 +133,10 @@ def _height_after_bounces(e, t):
     return e * v * (t - bounce) - G / 2 * (t - bounce) ** 2
 
 
-@pytest.mark.parametrize(
-    "adjoint", slow_unless(["recursive", "forward_sensitivity"], fast={"forward_sensitivity"})
-)
+# With -m slow: ForwardSensitivity's jump condition is checked by default against the discrete
+# derivative in test_forward_sensitivity_refuses_a_derivative_when_its_solve_meets_other_events.
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", ["recursive", "forward_sensitivity"])
 def test_height_after_bounces_and_its_derivative(adjoint):
     # The jump condition carries the sensitivities across each bounce (three before t = 2).
     e, ts = 0.8, np.array([0.5, 1.3, 2.0])

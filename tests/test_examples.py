@@ -53,6 +53,7 @@ def plots_written(folder: Path, names: list[str]) -> None:
         assert path.stat().st_size > 10_000, path  # a real figure, not an empty canvas
 
 
+@pytest.mark.slow
 def test_scan_memory(tmp_path):
     folder = run_example("scan_memory", tmp_path)
     plots_written(folder, ["memory_vs_length.png"])

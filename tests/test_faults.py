@@ -341,7 +341,10 @@ def test_dense_output_is_nan_outside_the_span_under_jit():
     np.testing.assert_allclose(values[1], np.exp(-1.0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("adjoint", slow_unless(ADJOINTS, fast={"forward"}))
+# With -m slow: rows at t0 are differentiated by default in
+# test_derivatives_with_repeated_save_times.
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", ADJOINTS)
 def test_derivatives_in_save_times_at_t0(adjoint):
     """`y(ts)` at `ts = t0`: d/dts = f(t0, y0), d/dt0 = -f(t0, y0)."""
     k = 0.7
@@ -482,6 +485,7 @@ def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
     np.testing.assert_allclose(derivative(lambda t1: solve(t1).ts[-1])(2.0), 0.0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_events_on_a_complex_state():
     """`y' = i k y` from 1: `Re y = cos kt` falls through 0 at pi / 2k (ForwardSensitivity's
     sensitivities follow it in real coordinates)."""

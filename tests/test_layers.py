@@ -313,6 +313,7 @@ class RunningMean(eqx.Module):
         return h - mean, state
 
 
+@pytest.mark.slow
 def test_checkpointed_layers_with_state():
     make = lambda k: eqx.nn.make_with_state(RunningMean)(k)
     stacked, state = eqx.filter_vmap(make)(jr.split(jr.key(0), 7))

@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from selection import slow_unless
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["from_diffrax", "from_scipy", "from_torchdiffeq"]
 
 
-# The scipy port by default (the cheapest); the diffrax and torchdiffeq ports with -m slow.
-@pytest.mark.parametrize("name", slow_unless(SCRIPTS, fast={"from_scipy"}))
+# With -m slow (each script compiles its solves in a fresh process); the page's agreement with
+# the scripts is checked by default.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_ported_script_runs_and_agrees(name):
     completed = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "migration" / f"{name}.py")],

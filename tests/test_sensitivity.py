@@ -48,6 +48,7 @@ def test_lotka_volterra_equals_finite_differences(solver):
     np.testing.assert_allclose(jvp, g_p @ direction, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_by_name_and_under_vmap():
     """`adjoint="forward_sensitivity"` under `vmap` of `grad` and of `jacfwd`: each lane equals
     its own solve."""

@@ -310,6 +310,7 @@ def test_status_nonfinite_and_underflow():
     assert sol.status == odeckpt.Status.dt_underflow
 
 
+@pytest.mark.slow
 def test_constant_step_count_is_predicted_exactly():
     """`constant_step_count` (which lets checkpointing use the offline schedule) replays the
     loop's arithmetic: it must match the steps taken, in both dtypes, directions, with save
