@@ -71,7 +71,7 @@ class LoopState(eqx.Module):
 
 class StepRecord(eqx.Module):
     """The discrete decisions of one attempted step (see `IntegrationLoop.step`). The
-    checkpointing engine keeps `max_steps` of them, so the verdict and the clipping share one
+    checkpointing engine keeps up to `2**20` of them, so the verdict and the clipping share one
     byte: bits 0-1 the verdict, bit 2 `clipped`, bit 3 whether an event fired in it."""
 
     rejected: ClassVar[int] = 0

@@ -259,15 +259,20 @@ def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps):
     """A 5-step solve with `max_steps` of a million or a billion: its gradient and statistics
     hold no constant larger than the schedule's table of binomials (`O(c r)` integers) and
     tracing them allocates a few MiB; the default plan keeps the fewest `c` with
-    `C(c+2, 2) >= max_steps`."""
+    `C(c+2, 2) >= max_steps`. The compiled gradient's temporary memory is its `c` snapshots
+    and the record of at most 2**20 steps' decisions (9 bytes each), not `max_steps` records
+    (8.4 GiB for a billion), and its value is the one with the default `max_steps`."""
 
-    def solve(y0):
+    def solve(y0, max_steps=max_steps):
         return odeckpt.solve(lambda t, y, a: -y, y0, (0.0, 1.0), max_steps=max_steps)
 
+    grad = lambda max_steps: jax.jit(jax.grad(lambda y0: solve(y0, max_steps).ys[-1].sum()))
     tracemalloc.start()
-    lowered = jax.jit(jax.grad(lambda y0: solve(y0).ys[-1].sum())).lower(Y0).as_text()
+    lowered = grad(max_steps).lower(Y0)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
+    compiled = lowered.compile()
+    lowered = lowered.as_text()
     shapes = re.findall(r"stablehlo\.constant dense<.*?> : tensor<([0-9x]*)[a-z]", lowered)
     largest = max(math.prod(int(d) for d in s.split("x") if d) for s in shapes)
     stats = jax.jit(solve)(Y0).stats
@@ -276,3 +281,7 @@ def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps):
     assert largest <= online_schedule(max_steps, c).binomials.size < 8 * c
     assert peak < 64 * 2**20, peak
     assert int(stats.num_steps) == 5 and int(stats.num_recomputed_steps) == 0
+    # a snapshot (t, y, dt, the stepper's and the controller's states, counters) < 1 KiB
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    assert temp < 2**20 * 9 + c * 2**10, (temp, c)
+    np.testing.assert_array_equal(compiled(Y0), grad(4096)(Y0))

@@ -458,28 +458,32 @@ def test_snapshot_codec_errors():
         bounded_while_loop(cond, body, init, max_steps=10, snapshot=(pack, lambda p: p))
 
 
-def _noisy_loop(record: bool):
-    """`y <- y * (2 + i or 1 / (3 + i))` for i < 5; which factor is decided by host noise that
-    differs on every call, like rounding that differs between the forward run and a
-    recomputation."""
+def _noisy_loop(record, steps=5, vmap_method=None):
+    """`y <- y * (2 + i or 1 / (3 + i))` for i < `steps`; which factor is decided by host noise
+    that differs on every call, like rounding that differs between the forward run and a
+    recomputation. A lane with `calm` set decides by `i` alone. `record`: as
+    `bounded_while_loop`'s `record_decisions`."""
     calls = [0]
 
     def noise(i):
         calls[0] += 1
-        return np.float64((calls[0] * 0.618) % 1.0)
+        return np.full(np.shape(i), (calls[0] * 0.618) % 1.0)
 
     def body(v, recorded=None):
-        y, i = v
-        draw = jax.pure_callback(noise, jax.ShapeDtypeStruct((), jnp.float64), i)
-        up = draw > 0.5 if recorded is None else recorded
-        new = (y * jnp.where(up, 2.0 + i, 1.0 / (3.0 + i)), i + 1)
+        y, i, calm = v
+        shape = jax.ShapeDtypeStruct(jnp.shape(i), jnp.float64)
+        draw = jax.pure_callback(noise, shape, i, vmap_method=vmap_method)
+        fresh = jnp.where(calm, i % 2 == 0, draw > 0.5)
+        up = fresh if recorded is None else recorded
+        new = (y * jnp.where(up, 2.0 + i, 1.0 / (3.0 + i)), i + 1, calm)
         return (new, up) if record else new
 
-    def loss(y0):
-        cond = lambda v: v[1] < 5
+    def loss(y0, calm=False):
+        cond = lambda v: v[1] < steps
         return bounded_while_loop(
-            cond, body, (y0, 0), max_steps=8, checkpoints=2, record_decisions=record
-        )[0]
+            cond, body, (y0, 0, calm), max_steps=steps + 3, checkpoints=2,
+            record_decisions=record,
+        )[0]  # fmt: skip
 
     return loss
 
@@ -497,6 +501,59 @@ def test_recomputation_follows_recorded_decisions(record):
         assert float(grad) != pytest.approx(float(y) / 2.0, rel=1e-3)
 
 
+def test_a_recomputation_past_the_record_that_decides_otherwise_has_nan_cotangents():
+    # Only the first 2 of 9 steps' decisions are recorded: the recomputations of the others
+    # draw new noise, take other factors, and so do not end where the next step began.
+    y, vjp = jax.vjp(_noisy_loop(2, steps=9), 2.0)
+    (grad,) = vjp(1.0)
+    assert np.isfinite(float(y)) and np.isnan(float(grad))
+    # Per lane under vmap: a lane deciding by i alone keeps its exact derivative.
+    loss = _noisy_loop(2, steps=9, vmap_method="expand_dims")
+    y, vjp = jax.vjp(jax.vmap(loss), jnp.array([2.0, 2.0]), jnp.array([False, True]))
+    grad, _ = vjp(jnp.ones(2))
+    assert np.isnan(float(grad[0]))
+    assert float(grad[1]) == pytest.approx(float(y[1]) / 2.0, rel=1e-15)
+
+
+@pytest.mark.parametrize("recorded", [1, 4])
+def test_a_recomputation_past_the_record_that_decides_alike_is_exact(recorded):
+    # The decisions depend on the state alone, so the recomputations past the record take
+    # the forward run's: the gradient is the record's, bitwise (checked along the chain).
+    def loss(y0, record):
+        def body(v, made=None):
+            y, i = v
+            up = (y < 1.5) if made is None else made
+            return (jnp.where(up, y * 1.3 + jnp.sin(y), y * 0.6), i + 1), up
+
+        cond = lambda v: v[1] < 12
+        kw = dict(max_steps=20, checkpoints=3, record_decisions=record)
+        return bounded_while_loop(cond, body, (y0, 0), **kw)[0]
+
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    full = grad(0.3, True)
+    assert np.isfinite(float(full)) and float(full) != 0.0
+    assert float(grad(0.3, recorded)) == float(full)
+
+
+def test_the_record_of_decisions_is_bounded_whatever_max_steps():
+    # The record keeps 2**20 steps' decisions (here 8 bytes each): the compiled gradient's
+    # temporary memory is the same for max_steps of 2**21 and 2**24, and smaller than 2**21
+    # steps' records would take.
+    def loss(y0, max_steps):
+        def body(v, made=None):
+            y, i = v
+            return (y * 0.99 + 0.01, i + 1), (y < 0.5 if made is None else made).astype(float)
+
+        cond = lambda v: v[1] < 10
+        kw = dict(max_steps=max_steps, checkpoints=4, record_decisions=True)
+        return bounded_while_loop(cond, body, (y0, 0), **kw)[0]
+
+    temps = [_temp_bytes(jax.grad(lambda y, s=s: loss(y, s)), 1.0) for s in (2**21, 2**24)]
+    assert temps[0] == temps[1] < 2**21 * 8, temps
+    ref = jax.grad(lambda y: jax.lax.fori_loop(0, 10, lambda _, y: y * 0.99 + 0.01, y))(1.0)
+    assert float(jax.jit(jax.grad(lambda y: loss(y, 2**24)))(1.0)) == pytest.approx(float(ref))
+
+
 def test_recorded_decisions_errors():
     body = lambda v, recorded: (v + 1.0, jnp.zeros(2) if recorded is None else jnp.zeros(3))
     with pytest.raises(TypeError, match="record_decisions=True"):
@@ -504,9 +561,10 @@ def test_recorded_decisions_errors():
     with pytest.raises(TypeError, match="record_decisions=True"):
         bounded_while_loop(lambda v: v < 3.0, lambda v, r: v, 0.0, max_steps=4,
                            record_decisions=True)  # fmt: skip
-    with pytest.raises(TypeError, match="record_decisions must be True or False"):
-        bounded_while_loop(lambda v: v < 3.0, lambda v: v + 1.0, 0.0, max_steps=4,
-                           record_decisions="yes")  # fmt: skip
+    for wrong in ("yes", 0, -2, 1.5):
+        with pytest.raises(TypeError, match="record_decisions must be True, False or an int"):
+            bounded_while_loop(lambda v: v < 3.0, lambda v: v + 1.0, 0.0, max_steps=4,
+                               record_decisions=wrong)  # fmt: skip
 
 
 def test_snapshots_ravel_small_leaves():

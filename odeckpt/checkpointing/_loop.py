@@ -27,6 +27,10 @@ _INT = jnp.int32
 OPS = Ops(jnp, _INT, lax.cond)
 """How the loops run a schedule's arithmetic."""
 
+RECORDED_STEPS = 2**20
+"""How many leading steps' decisions `record_decisions=True` keeps: the record's memory is
+bounded whatever `max_steps` is."""
+
 
 class Stepped(NamedTuple):
     """What one step of an `EngineLoop` returns.
@@ -59,6 +63,9 @@ class EngineLoop:
         holds (default: the whole state). `unpack` must rebuild exactly the state that was
         packed; it runs once per restore in the reverse sweep.
     - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
+    - `recorded_steps`: with `decisions`, how many leading steps' records the forward run
+        keeps. Past them the recomputation decides afresh (`recorded=None`), and the reverse
+        sweep checks that each step it reverses ends where the next one began (`chained`).
     """
 
     step: Callable[..., Stepped]
@@ -67,6 +74,17 @@ class EngineLoop:
     pack: Callable[..., Any] | None = None
     unpack: Callable[..., Any] | None = None
     decisions: Any = None
+    recorded_steps: int = 0
+
+    @property
+    def tape_length(self) -> int:
+        """The number of steps whose decisions the forward run records."""
+        return 0 if self.decisions is None else min(self.steps, self.recorded_steps)
+
+    @property
+    def checks_chain(self) -> bool:
+        """Whether some step may be recomputed without its record."""
+        return self.decisions is not None and self.steps > self.recorded_steps
 
     def packed(self, params, state) -> _tree.Raveled:
         """What a snapshot of `state` holds, raveled: a few arrays, not one per leaf."""
@@ -107,7 +125,9 @@ class Snapshots(NamedTuple):
     - `held`: the state before the last step (the reverse sweep starts from it).
     - `snaps`: the snapshot slots (`Raveled`, leading axis `c`).
     - `positions`: the position each slot holds (`-1`: empty).
-    - `tape`: each step's recorded decisions (leading axis `steps`), or `None`.
+    - `tape`: the recorded decisions of the first `EngineLoop.tape_length` steps, or `None`.
+    - `final`: the state after the last step when the reverse sweep checks the chain (else
+        `None`).
     """
 
     steps: jax.Array
@@ -115,6 +135,7 @@ class Snapshots(NamedTuple):
     snaps: Any
     positions: jax.Array
     tape: Any
+    final: Any
 
 
 class _Forward(NamedTuple):
@@ -144,7 +165,8 @@ def step_forward(loop: EngineLoop, params, xs, carry):
     buffers = _tree.write(carry.buffers, stepped.index, stepped.values)
     tape = carry.tape
     if tape is not None:
-        tape = _tree.update(tape, stepped.made, carry.i)
+        # past the tape's length the write is dropped
+        tape = jax.tree.map(lambda a, v: a.at[carry.i].set(v, mode="drop"), tape, stepped.made)
     return carry._replace(
         i=carry.i + 1, state=stepped.state, prev=carry.state, buffers=buffers,
         pred=loop.predicate(params, stepped.state), tape=tape,
@@ -166,7 +188,7 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
         positions = jnp.full((c,), -1, _INT).at[0].set(0)
         stores = schedule.start(OPS)  # the next store: its position and slot
         if loop.decisions is not None:
-            tape = _tree.stack_zeros(loop.decisions, loop.steps)
+            tape = _tree.stack_zeros(loop.decisions, loop.tape_length)
     pred = loop.predicate(params, init)
     carry = _Forward(jnp.array(0, _INT), init, init, snaps, positions, stores, buffers, pred, tape)
 
@@ -183,7 +205,8 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
         return step_forward(loop, params, xs, carry)
 
     carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), body, carry)
-    saved = Snapshots(carry.i, carry.prev, carry.snaps, carry.positions, carry.tape)
+    final = carry.state if loop.checks_chain else None
+    saved = Snapshots(carry.i, carry.prev, carry.snaps, carry.positions, carry.tape, final)
     return (carry.state, carry.buffers), (saved if save else None)
 
 
@@ -232,7 +255,7 @@ def reverse(
     big = jnp.iinfo(_INT).max
     perm = jnp.argsort(jnp.where(positions >= 0, positions, big)).astype(_INT)
     k = jnp.sum(positions >= 0).astype(_INT)
-    body = reverse_body(loop, inputs, saved.tape, checkpoints, binomials, perm, want)
+    body = reverse_body(loop, inputs, saved, checkpoints, binomials, perm, want)
     cts = initial_cotangents(inputs, ct_out, want)
     n = saved.steps
     carry = Reversal(n, n - 1, k, positions[perm], saved.held, saved.snaps, cts)
@@ -250,7 +273,7 @@ def initial_cotangents(inputs: LoopInputs, ct_out, want: LoopInputs) -> LoopInpu
 
 
 def reverse_body(
-    loop: EngineLoop, inputs: LoopInputs, tape, c: int, binomials: np.ndarray | None, perm,
+    loop: EngineLoop, inputs: LoopInputs, saved, c: int, binomials: np.ndarray | None, perm,
     want: LoopInputs,
 ) -> Callable[[Reversal], Reversal]:  # fmt: skip
     """One iteration of the reverse sweep, which reverses one step: restore the top snapshot
@@ -258,11 +281,17 @@ def reverse_body(
     advance from it to `end - 1` in an inner loop of plain steps, storing the states Revolve's
     split says, then reverse step `end - 1`. `perm[j]` is the slot of `stack[j]`; `binomials`
     is the table `split` reads (`None` when every state is stored: the restored snapshot is
-    always the state before step `end - 1`).
+    always the state before step `end - 1`). `saved`: the forward sweep's `tape` and `final`.
+
+    A step recomputed without its record (past `loop.recorded_steps`) may decide otherwise
+    than the forward run did: where the step reversed does not end where the next one began
+    (the state after it, or the forward run's final state) up to rounding (`_tree.agree`), the
+    cotangents turn NaN.
     """
     params, xs = inputs.params, inputs.xs
     table = None if binomials is None else BinomialTable(jnp.asarray(binomials, _INT), OPS)
-    vjp_step = _vjp_step(loop, inputs, tape, want)
+    step = _recorded_step(loop, saved.tape)
+    vjp_step = _vjp_step(loop, inputs, step, want)
 
     def advance(end, inner: _Advance) -> _Advance:
         """Step `cur` of the inner loop: store the state in hand if the split says so."""
@@ -272,17 +301,16 @@ def reverse_body(
         slot = jnp.minimum(inner.k, c - 1)
         snaps = _store(inner.snaps, push, perm[slot], loop.packed(params, inner.held))
         stack = jnp.where(push, inner.stack.at[slot].set(inner.cur), inner.stack)
-        stepped = loop.step(
-            params, inner.held, x_at(xs, inner.cur), inner.cur, _at(tape, inner.cur)
-        )
+        stepped = step(params, inner.held, x_at(xs, inner.cur), inner.cur)
         return _Advance(inner.cur + 1, inner.k + push.astype(_INT), stack, stepped.state, snaps)
 
     def body(carry: Reversal) -> Reversal:
         # Every iteration but the first (which holds the state before the last step) restores
         # the top snapshot.
+        first = carry.cur >= 0
         restore = lambda: loop.unpacked(params, _tree.index(carry.snaps, perm[carry.k - 1]))
-        held = lax.cond(carry.cur < 0, restore, lambda: carry.held)
-        cur = jnp.where(carry.cur < 0, carry.stack[carry.k - 1], carry.cur)
+        held = lax.cond(first, lambda: carry.held, restore)
+        cur = jnp.where(first, carry.cur, carry.stack[carry.k - 1])
         inner = _Advance(cur, carry.k, carry.stack, held, carry.snaps)
         if table is not None:
             # With every state stored, the snapshot restored is the state before step
@@ -290,49 +318,67 @@ def reverse_body(
             going = lambda inner: inner.cur < carry.end - 1
             inner = lax.while_loop(going, partial(advance, carry.end), inner)
         end = carry.end - 1
-        cts = vjp_step(end, inner.held, carry.cts)
+        cts, reached = vjp_step(end, inner.held, carry.cts)
+        if loop.checks_chain:
+            # the state after step `end`: the one the previous iteration reversed it from
+            after = _tree.where(first, saved.final, carry.held)
+            chained = (end < loop.recorded_steps) | _tree.agree(reached, after)
+            cts = jax.tree.map(lambda x: jnp.where(chained, x, jnp.nan).astype(x.dtype), cts)
         k = inner.k - (end == inner.stack[inner.k - 1]).astype(_INT)
         return Reversal(end, jnp.array(-1, _INT), k, inner.stack, inner.held, inner.snaps, cts)
 
     return body
 
 
-def _vjp_step(loop: EngineLoop, inputs: LoopInputs, tape, want: LoopInputs):
-    """`vjp_step(i, state, cts) -> cts`: the cotangents after reversing step `i` from `state`.
+def _recorded_step(loop: EngineLoop, tape) -> Callable[..., Stepped]:
+    """`step(params, state, x, i) -> Stepped`: step `i` recomputed, following its recorded
+    decisions where the tape holds them and deciding afresh past it."""
+    if tape is None:
+        return lambda params, state, x, i: loop.step(params, state, x, i)
+    last = loop.tape_length - 1
+
+    def step(params, state, x, i):
+        follow = lambda: loop.step(params, state, x, i, _tree.index(tape, jnp.minimum(i, last)))
+        if not loop.checks_chain:
+            return follow()
+        return lax.cond(i <= last, follow, lambda: loop.step(params, state, x, i))
+
+    return step
+
+
+def _vjp_step(loop: EngineLoop, inputs: LoopInputs, step, want: LoopInputs):
+    """`vjp_step(i, state, cts) -> (cts, reached)`: the cotangents after reversing step `i`
+    from `state` (recomputed by `step`, as `_recorded_step`), and the state it reached.
 
     Only the inexact leaves are differentiated, and `params` and `xs` only where wanted."""
     params_f, params_rest = _tree.split_inexact(inputs.params)
 
-    def vjp_step(i, state, cts: LoopInputs) -> LoopInputs:
+    def vjp_step(i, state, cts: LoopInputs) -> tuple[LoopInputs, Any]:
         state_f, state_rest = _tree.split_inexact(state)
         x_f, x_rest = _tree.split_inexact(x_at(inputs.xs, i))
 
         def f(p_f, s_f, xx_f):
             p_f = p_f if want.params else params_f
             xx_f = xx_f if want.xs else x_f
-            stepped = loop.step(
+            stepped = step(
                 eqx.combine(p_f, params_rest), eqx.combine(s_f, state_rest),
-                eqx.combine(xx_f, x_rest), i, _at(tape, i),
+                eqx.combine(xx_f, x_rest), i,
             )  # fmt: skip
             new, values = _tree.split_inexact((stepped.state, stepped.values))[0]
-            return (new, values), stepped.index
+            return (new, values), (stepped.index, stepped.state)
 
         diff = (params_f if want.params else None, state_f, x_f if want.xs else None)
-        _, vjp_fn, idx = jax.vjp(f, *diff, has_aux=True)
+        _, vjp_fn, (idx, reached) = jax.vjp(f, *diff, has_aux=True)
         ct_p, ct_s, ct_x = vjp_fn((cts.init, _tree.gather(cts.buffers, idx)))
-        return LoopInputs(
+        cts = LoopInputs(
             params=_tree.add(cts.params, ct_p) if want.params else cts.params,
             init=ct_s,
             xs=None if cts.xs is None else _tree.update(cts.xs, ct_x, i),
             buffers=_tree.clear(cts.buffers, idx),
         )
+        return cts, reached
 
     return vjp_step
-
-
-def _at(tape, i):
-    """Step `i`'s recorded decisions (`None` without a tape)."""
-    return None if tape is None else _tree.index(tape, i)
 
 
 def _store(stack, pred, i, value):

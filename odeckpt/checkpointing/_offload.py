@@ -25,13 +25,14 @@ _INT = jnp.int32
 
 class HostSnapshots(NamedTuple):
     """What the two-level forward sweep leaves for the reverse sweep: the number of steps run,
-    the state before the last step, the host buffers (a snapshot per segment) and each step's
-    recorded decisions or `None`."""
+    the state before the last step, the host buffers (a snapshot per segment), and as
+    `_loop.Snapshots` the `tape` of recorded decisions and the `final` state (or `None`)."""
 
     steps: jax.Array
     held: Any
     host: Any
     tape: Any
+    final: Any
 
 
 class _Segments(NamedTuple):
@@ -61,7 +62,7 @@ def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
     """Run the loop, storing the state at positions `0, segment, 2 segment, ...` in host memory
     (`slots` snapshots). Returns `((state, buffers), saved)`, `saved` the `HostSnapshots`."""
     params, init, xs, buffers = inputs
-    tape = None if loop.decisions is None else _tree.stack_zeros(loop.decisions, loop.steps)
+    tape = None if loop.decisions is None else _tree.stack_zeros(loop.decisions, loop.tape_length)
     host = _host.allocate(loop.packed(params, init), slots, (init, params, xs))
     pred = loop.predicate(params, init)
 
@@ -77,7 +78,8 @@ def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
 
     carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape)
     carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
-    saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape)
+    final = carry.state if loop.checks_chain else None
+    saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape, final)
     return (carry.state, carry.buffers), saved
 
 
@@ -104,7 +106,7 @@ def reverse(
     """
     c = checkpoints
     perm = jnp.arange(c, dtype=_INT)
-    body = reverse_body(loop, inputs, saved.tape, c, binomials, perm, want)
+    body = reverse_body(loop, inputs, saved, c, binomials, perm, want)
     snaps = _tree.stack_zeros(loop.packed(inputs.params, saved.held), c)
 
     def run_segment(carry: _SegmentReversal) -> _SegmentReversal:

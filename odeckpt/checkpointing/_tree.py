@@ -115,6 +115,25 @@ def where(pred, new, old):
     return jtu.tree_map(lambda n, o: jnp.where(pred, n, o), new, old)
 
 
+def agree(a, b) -> jax.Array:
+    """Whether two pytrees of one structure hold the same values up to rounding, per lane under
+    `vmap`: leaves that are not inexact exactly; each inexact leaf to `sqrt(eps)` of its
+    largest magnitude, plus `64 eps` of the largest magnitude in the tree (a leaf at its
+    rounding-noise floor, an error estimate of `1e-17`, may differ). NaN never agrees."""
+    la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
+    inexact = [(x, y) for x, y in zip(la, lb, strict=True) if is_inexact(x)]
+    same = [jnp.all(x == y) for x, y in zip(la, lb, strict=True) if not is_inexact(x)]
+    if inexact:
+        size = lambda x: jnp.max(jnp.abs(x), initial=0.0)
+        scales = [jnp.maximum(size(x), size(y)) for x, y in inexact]
+        largest = jnp.max(jnp.stack(scales))
+        for (x, y), scale in zip(inexact, scales, strict=True):
+            eps = float(jnp.finfo(x.dtype).eps)
+            gap = jnp.max(jnp.abs(x - y), initial=0.0)
+            same.append(gap <= eps**0.5 * scale + 64 * eps * largest)
+    return jnp.all(jnp.stack(same)) if same else jnp.array(True)
+
+
 def write(buffers, idx, values):
     """`buffer[idx[j]] = values[j]`; indices outside `[0, m)` are dropped. With a tuple `idx`,
     `buffers` and `values` are lists of groups, one index array each."""

@@ -7,10 +7,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 
 from . import _tree
 from ._custom import convert
-from ._loop import EngineLoop, Stepped
+from ._loop import RECORDED_STEPS, EngineLoop, Stepped
 from ._vmap import lane_running
 
 _WRITE_FIX = (
@@ -35,12 +36,16 @@ def check_max_steps(max_steps) -> int:
     return max_steps
 
 
-def check_record(record_decisions) -> None:
-    if not isinstance(record_decisions, bool):
-        raise TypeError(
-            f"record_decisions must be True or False, got {record_decisions!r}; pass "
-            "record_decisions=True to record each step's decisions for the reverse sweep"
-        )
+def check_record(record_decisions) -> int:
+    """The number of leading steps whose decisions are recorded (0: none)."""
+    if isinstance(record_decisions, bool):
+        return RECORDED_STEPS if record_decisions else 0
+    if isinstance(record_decisions, int | np.integer) and record_decisions >= 1:
+        return int(record_decisions)
+    raise TypeError(
+        f"record_decisions must be True, False or an int >= 1, got {record_decisions!r}; pass "
+        "record_decisions=True to record each step's decisions for the reverse sweep"
+    )
 
 
 def check_snapshot(snapshot, init_val):
@@ -132,12 +137,14 @@ class LoopParams(NamedTuple):
 
 
 def engine_loop(cond_fun, body_fun, init_val, outputs, max_steps: int, snapshot,
-                record_decisions: bool) -> tuple[EngineLoop, LoopParams]:  # fmt: skip
+                record_decisions: bool | int) -> tuple[EngineLoop, LoopParams]:  # fmt: skip
     """The loop in the engine's normal form: a masked step (finished lanes keep `val`, drop
     writes), and the arrays its functions close over.
 
     Traces `cond_fun` once and `body_fun` once (twice when recording: the replay takes an
     array `recorded`), and checks what they return."""
+    recorded_steps = check_record(record_decisions)
+    record_decisions = recorded_steps > 0
     first = _first_args(record_decisions)
     cond_p, cond_s = convert(cond_fun, init_val)
     body_p, body_s = convert(body_fun, init_val, *first)
@@ -164,7 +171,7 @@ def engine_loop(cond_fun, body_fun, init_val, outputs, max_steps: int, snapshot,
     cond = lambda params, val: eqx.combine(params.cond, cond_s)(val)
     body = lambda params, val: eqx.combine(params.body, body_s)(val, *first)
     step = _masked_step(cond, body, replay, outputs, record_decisions)
-    loop = EngineLoop(step, cond, max_steps, pack, unpack, decisions)
+    loop = EngineLoop(step, cond, max_steps, pack, unpack, decisions, recorded_steps)
     return loop, params
 
 

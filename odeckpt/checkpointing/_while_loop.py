@@ -42,7 +42,7 @@ def while_loop_plan(
     checkpoints: int | dict[str, int] | None = None,
     memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool = True, snapshot: tuple[Callable, Callable] | None = None,
-    record_decisions: bool = False, offload: Literal["host"] | None = None,
+    record_decisions: bool | int = False, offload: Literal["host"] | None = None,
 ) -> Plan:  # fmt: skip
     """The `Plan` that `bounded_while_loop` with the same arguments follows.
 
@@ -123,7 +123,7 @@ def bounded_while_loop(
     checkpoints: int | dict[str, int] | None = None,
     memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool | None = None, snapshot: tuple[Callable, Callable] | None = None,
-    record_decisions: bool = False, offload: Literal["host"] | None = None,
+    record_decisions: bool | int = False, offload: Literal["host"] | None = None,
     plan: Plan | None = None,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
@@ -164,8 +164,14 @@ def bounded_while_loop(
         with `outputs`), `made` a pytree of arrays: branch choices, and values the gradient
         treats as fixed (an adaptive step size); `recorded` is `None` on the forward run and
         the `made` of that run when the step is recomputed, and the body must then follow it.
-        Recorded values are constants to differentiation. The record costs `max_steps` copies
-        of `made`, kept outside the snapshots.
+        Recorded values are constants to differentiation. The record keeps the first
+        `2**20` steps' `made` (an int: that many steps), outside the snapshots, so its memory
+        does not grow with `max_steps`. A step past them is recomputed with `recorded=None`
+        and decides afresh, so it may round its way to other decisions. The reverse sweep
+        then checks that each step it reverses ends where the next one began (`val` equal up
+        to rounding: leaves that are not inexact exactly, each inexact one to `sqrt(eps)` of
+        its magnitude), and where one does not, the cotangents are NaN (per lane under
+        `vmap`) instead of the derivative of another trajectory.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
