@@ -458,7 +458,7 @@ def test_snapshot_codec_errors():
         bounded_while_loop(cond, body, init, max_steps=10, snapshot=(pack, lambda p: p))
 
 
-def _noisy_loop(record, steps=5, vmap_method=None):
+def _noisy_loop(record, steps=5, vmap_method=None, budget=None):
     """`y <- y * (2 + i or 1 / (3 + i))` for i < `steps`; which factor is decided by host noise
     that differs on every call, like rounding that differs between the forward run and a
     recomputation. A lane with `calm` set decides by `i` alone. `record`: as
@@ -481,8 +481,8 @@ def _noisy_loop(record, steps=5, vmap_method=None):
     def loss(y0, calm=False):
         cond = lambda v: v[1] < steps
         return bounded_while_loop(
-            cond, body, (y0, 0, calm), max_steps=steps + 3, checkpoints=2,
-            record_decisions=record,
+            cond, body, (y0, 0, calm), max_steps=steps + 3, record_decisions=record,
+            **(budget or dict(checkpoints=2)),
         )[0]  # fmt: skip
 
     return loss
@@ -501,13 +501,18 @@ def test_recomputation_follows_recorded_decisions(record):
         assert float(grad) != pytest.approx(float(y) / 2.0, rel=1e-3)
 
 
-def test_a_recomputation_past_the_record_that_decides_otherwise_has_nan_cotangents():
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_recomputation_past_the_record_that_decides_otherwise_has_nan_cotangents(offload):
     # Only the first 2 of 9 steps' decisions are recorded: the recomputations of the others
     # draw new noise, take other factors, and so do not end where the next step began.
-    y, vjp = jax.vjp(_noisy_loop(2, steps=9), 2.0)
+    budget = dict(offload="host", checkpoints={"device": 2, "host": 4}) if offload else None
+    y, vjp = jax.vjp(_noisy_loop(2, steps=9, budget=budget), 2.0)
     (grad,) = vjp(1.0)
     assert np.isfinite(float(y)) and np.isnan(float(grad))
-    # Per lane under vmap: a lane deciding by i alone keeps its exact derivative.
+
+
+def test_a_recomputation_past_the_record_has_nan_cotangents_per_lane():
+    # As above under vmap: a lane deciding by i alone keeps its exact derivative.
     loss = _noisy_loop(2, steps=9, vmap_method="expand_dims")
     y, vjp = jax.vjp(jax.vmap(loss), jnp.array([2.0, 2.0]), jnp.array([False, True]))
     grad, _ = vjp(jnp.ones(2))
