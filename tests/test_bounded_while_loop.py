@@ -520,7 +520,7 @@ def test_a_recomputation_past_the_record_has_nan_cotangents_per_lane():
     assert float(grad[1]) == pytest.approx(float(y[1]) / 2.0, rel=1e-15)
 
 
-@pytest.mark.parametrize("recorded", [1, 4])
+@pytest.mark.parametrize("recorded", slow_unless([1, 4], fast={1}))
 def test_a_recomputation_past_the_record_that_decides_alike_is_exact(recorded):
     # The decisions depend on the state alone, so the recomputations past the record take
     # the forward run's: the gradient is the record's, bitwise (checked along the chain).
