@@ -523,21 +523,49 @@ def test_a_recomputation_past_the_record_has_nan_cotangents_per_lane():
 @pytest.mark.parametrize("recorded", slow_unless([1, 4], fast={1}))
 def test_a_recomputation_past_the_record_that_decides_alike_is_exact(recorded):
     # The decisions depend on the state alone, so the recomputations past the record take
-    # the forward run's: the gradient is the record's, bitwise (checked along the chain).
+    # the forward run's: the gradient is the record's, bitwise (checked along the chain, which
+    # takes the state's NaN and infinities alike).
+    odd = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 1e-300])
+
     def loss(y0, record):
         def body(v, made=None):
-            y, i = v
+            y, i, odd = v
             up = (y < 1.5) if made is None else made
-            return (jnp.where(up, y * 1.3 + jnp.sin(y), y * 0.6), i + 1), up
+            return (jnp.where(up, y * 1.3 + jnp.sin(y), y * 0.6), i + 1, odd), up
 
         cond = lambda v: v[1] < 12
         kw = dict(max_steps=20, checkpoints=3, record_decisions=record)
-        return bounded_while_loop(cond, body, (y0, 0), **kw)[0]
+        return bounded_while_loop(cond, body, (y0, 0, odd), **kw)[0]
 
     grad = jax.jit(jax.grad(loss), static_argnums=1)
     full = grad(0.3, True)
     assert np.isfinite(float(full)) and float(full) != 0.0
     assert float(grad(0.3, recorded)) == float(full)
+
+
+def test_a_recomputation_past_the_record_is_checked_element_by_element():
+    # A decision that moves a small element of a leaf whose largest element is 1e6 (by far
+    # less than sqrt(eps) of the leaf's largest magnitude) is still seen: NaN, not the
+    # derivative of another trajectory.
+    calls = [0]
+
+    def noise(i):
+        calls[0] += 1
+        return np.asarray((calls[0] * 0.618) % 1.0 > 0.5)
+
+    def loss(pq):
+        def body(v, made=None):
+            y, i = v
+            draw = jax.pure_callback(noise, jax.ShapeDtypeStruct((), jnp.bool_), i)
+            up = draw if made is None else made
+            return (y.at[1].add(1e-3 * jnp.where(up, pq[0], pq[1])), i + 1), up
+
+        init = (jnp.array([1e6, 0.0]), 0)
+        kw = dict(max_steps=8, checkpoints=2, record_decisions=1)
+        return bounded_while_loop(lambda v: v[1] < 8, body, init, **kw)[0][1]
+
+    y, vjp = jax.vjp(loss, jnp.array([2.0, 3.0]))
+    assert np.isfinite(float(y)) and np.all(np.isnan(vjp(1.0)[0]))
 
 
 def test_the_record_of_decisions_is_bounded_whatever_max_steps():

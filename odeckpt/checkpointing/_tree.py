@@ -117,20 +117,21 @@ def where(pred, new, old):
 
 def agree(a, b) -> jax.Array:
     """Whether two pytrees of one structure hold the same values up to rounding, per lane under
-    `vmap`: leaves that are not inexact exactly; each inexact leaf to `sqrt(eps)` of its
-    largest magnitude, plus `64 eps` of the largest magnitude in the tree (a leaf at its
-    rounding-noise floor, an error estimate of `1e-17`, may differ). NaN never agrees."""
+    `vmap`: leaves that are not inexact exactly; inexact ones element by element, to `sqrt(eps)`
+    of the element plus `64 eps` of the largest finite magnitude in the tree (an element at
+    its rounding-noise floor, an error estimate of `1e-17`, may differ), with equal infinities
+    and NaN in both alike."""
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     inexact = [(x, y) for x, y in zip(la, lb, strict=True) if is_inexact(x)]
     same = [jnp.all(x == y) for x, y in zip(la, lb, strict=True) if not is_inexact(x)]
     if inexact:
-        size = lambda x: jnp.max(jnp.abs(x), initial=0.0)
-        scales = [jnp.maximum(size(x), size(y)) for x, y in inexact]
-        largest = jnp.max(jnp.stack(scales))
-        for (x, y), scale in zip(inexact, scales, strict=True):
+        finite = lambda x: jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0), initial=0.0)
+        largest = jnp.max(jnp.stack([jnp.maximum(finite(x), finite(y)) for x, y in inexact]))
+        for x, y in inexact:
             eps = float(jnp.finfo(x.dtype).eps)
-            gap = jnp.max(jnp.abs(x - y), initial=0.0)
-            same.append(gap <= eps**0.5 * scale + 64 * eps * largest)
+            bound = eps**0.5 * jnp.maximum(jnp.abs(x), jnp.abs(y)) + 64 * eps * largest
+            alike = (x == y) | (jnp.isnan(x) & jnp.isnan(y)) | (jnp.abs(x - y) <= bound)
+            same.append(jnp.all(alike))
     return jnp.all(jnp.stack(same)) if same else jnp.array(True)
 
 

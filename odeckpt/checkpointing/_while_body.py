@@ -38,7 +38,7 @@ def check_max_steps(max_steps) -> int:
 
 def check_record(record_decisions) -> int:
     """The number of leading steps whose decisions are recorded (0: none)."""
-    if isinstance(record_decisions, bool):
+    if isinstance(record_decisions, bool | np.bool_):
         return RECORDED_STEPS if record_decisions else 0
     if isinstance(record_decisions, int | np.integer) and record_decisions >= 1:
         return int(record_decisions)

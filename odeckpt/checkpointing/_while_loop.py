@@ -169,9 +169,11 @@ def bounded_while_loop(
         does not grow with `max_steps`. A step past them is recomputed with `recorded=None`
         and decides afresh, so it may round its way to other decisions. The reverse sweep
         then checks that each step it reverses ends where the next one began (`val` equal up
-        to rounding: leaves that are not inexact exactly, each inexact one to `sqrt(eps)` of
-        its magnitude), and where one does not, the cotangents are NaN (per lane under
-        `vmap`) instead of the derivative of another trajectory.
+        to rounding: leaves that are not inexact exactly, inexact ones element by element to
+        `sqrt(eps)`), and where one does not, the cotangents are NaN (per lane under `vmap`)
+        instead of the derivative of another trajectory. The check sees `val` only: a
+        decision that changes nothing but the step's writes to `outputs` must leave a trace
+        in `val` (a count of the branches taken, say) to be seen.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
