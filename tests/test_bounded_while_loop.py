@@ -458,7 +458,7 @@ def test_snapshot_codec_errors():
         bounded_while_loop(cond, body, init, max_steps=10, snapshot=(pack, lambda p: p))
 
 
-def _noisy_loop(record, steps=5, vmap_method=None, budget=None):
+def _noisy_loop(record, steps=5, vmap_method=None, budget=None, throw=False):
     """`y <- y * (2 + i or 1 / (3 + i))` for i < `steps`; which factor is decided by host noise
     that differs on every call, like rounding that differs between the forward run and a
     recomputation. A lane with `calm` set decides by `i` alone. `record`: as
@@ -482,7 +482,7 @@ def _noisy_loop(record, steps=5, vmap_method=None, budget=None):
         cond = lambda v: v[1] < steps
         return bounded_while_loop(
             cond, body, (y0, 0, calm), max_steps=steps + 3, record_decisions=record,
-            **(budget or dict(checkpoints=2)),
+            throw=throw, **(budget or dict(checkpoints=2)),
         )[0]  # fmt: skip
 
     return loss
@@ -509,6 +509,10 @@ def test_a_recomputation_past_the_record_that_decides_otherwise_has_nan_cotangen
     y, vjp = jax.vjp(_noisy_loop(2, steps=9, budget=budget), 2.0)
     (grad,) = vjp(1.0)
     assert np.isfinite(float(y)) and np.isnan(float(grad))
+    # with throw=True it raises, naming the fix
+    _, vjp = jax.vjp(_noisy_loop(2, steps=9, budget=budget, throw=True), 2.0)
+    with pytest.raises(Exception, match=r"record more steps \(bounded_while_loop"):
+        jax.block_until_ready(vjp(1.0))
 
 
 def test_a_recomputation_past_the_record_has_nan_cotangents_per_lane():
@@ -594,6 +598,8 @@ def test_recorded_decisions_errors():
     with pytest.raises(TypeError, match="record_decisions=True"):
         bounded_while_loop(lambda v: v < 3.0, lambda v, r: v, 0.0, max_steps=4,
                            record_decisions=True)  # fmt: skip
+    with pytest.raises(TypeError, match="throw must be True or False"):
+        bounded_while_loop(lambda v: v < 3.0, lambda v: v + 1.0, 0.0, max_steps=4, throw=None)
     for wrong in ("yes", 0, -2, 1.5):
         with pytest.raises(TypeError, match="record_decisions must be True, False or an int"):
             bounded_while_loop(lambda v: v < 3.0, lambda v: v + 1.0, 0.0, max_steps=4,

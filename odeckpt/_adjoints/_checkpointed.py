@@ -56,8 +56,12 @@ class EngineForm(eqx.Module):
         return while_loop_plan(self.cond, self.body, self.init, **budget, **self.engine_args())
 
     def run(self, plan: Plan) -> tuple[LoopState, Outputs]:
-        """Run the loop by the engine, as `plan` says."""
-        out = bounded_while_loop(self.cond, self.body, self.init, plan=plan, **self.engine_args())
+        """Run the loop by the engine, as `plan` says (a gradient past the recorded decisions
+        that the recomputation cannot follow raises with `throw`)."""
+        out = bounded_while_loop(
+            self.cond, self.body, self.init, plan=plan, throw=self.loop.throw,
+            **self.engine_args(),
+        )  # fmt: skip
         if not self.outputs.groups():
             return out, self.outputs
         final, groups = out

@@ -31,6 +31,15 @@ RECORDED_STEPS = 2**20
 """How many leading steps' decisions `record_decisions=True` keeps: the record's memory is
 bounded whatever `max_steps` is."""
 
+DIVERGED = (
+    "the reverse sweep recomputed a step past the recorded decisions, and it took other "
+    "decisions than the forward run (it does not end where the next step began): its gradient "
+    "would be the derivative of another trajectory. Fix: record more steps "
+    "(bounded_while_loop(record_decisions=n)), take fewer steps, or (for odeckpt.solve) use an "
+    "adjoint that recomputes nothing: ForwardSensitivity or BacksolveAdjoint"
+)
+"""The error a broken chain raises with `throw`."""
+
 
 class Stepped(NamedTuple):
     """What one step of an `EngineLoop` returns.
@@ -65,7 +74,9 @@ class EngineLoop:
     - `decisions`: the structure (`jax.ShapeDtypeStruct`s) of `made`, or `None`.
     - `recorded_steps`: with `decisions`, how many leading steps' records the forward run
         keeps. Past them the recomputation decides afresh (`recorded=None`), and the reverse
-        sweep checks that each step it reverses ends where the next one began (`chained`).
+        sweep checks that each step it reverses ends where the next one began.
+    - `throw`: whether a broken chain raises (through `eqx.error_if`) besides turning the
+        cotangents NaN.
     """
 
     step: Callable[..., Stepped]
@@ -75,6 +86,7 @@ class EngineLoop:
     unpack: Callable[..., Any] | None = None
     decisions: Any = None
     recorded_steps: int = 0
+    throw: bool = False
 
     @property
     def tape_length(self) -> int:
@@ -323,6 +335,8 @@ def reverse_body(
             # the state after step `end`: the one the previous iteration reversed it from
             after = _tree.where(first, saved.final, carry.held)
             chained = (end < loop.recorded_steps) | _tree.agree(reached, after)
+            if loop.throw:
+                cts = cts._replace(init=eqx.error_if(cts.init, ~chained, DIVERGED))
             cts = jax.tree.map(lambda x: jnp.where(chained, x, jnp.nan).astype(x.dtype), cts)
         k = inner.k - (end == inner.stack[inner.k - 1]).astype(_INT)
         return Reversal(end, jnp.array(-1, _INT), k, inner.stack, inner.held, inner.snaps, cts)

@@ -1,5 +1,6 @@
 """`bounded_while_loop`: an early-exit while loop, differentiable by online checkpointing."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -124,7 +125,7 @@ def bounded_while_loop(
     memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool | None = None, snapshot: tuple[Callable, Callable] | None = None,
     record_decisions: bool | int = False, offload: Literal["host"] | None = None,
-    plan: Plan | None = None,
+    plan: Plan | None = None, throw: bool = False,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -174,6 +175,8 @@ def bounded_while_loop(
         instead of the derivative of another trajectory. The check sees `val` only: a
         decision that changes nothing but the step's writes to `outputs` must leave a trace
         in `val` (a count of the branches taken, say) to be seen.
+    - `throw`: with `True`, a recomputation past the record that decides otherwise also
+        raises (through `eqx.error_if`, when the gradient is evaluated).
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -248,6 +251,9 @@ def bounded_while_loop(
     loop, params = engine_loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
+    if not isinstance(throw, bool):
+        raise TypeError(f"throw must be True or False, got {throw!r}")
+    loop = dataclasses.replace(loop, throw=throw)
     if plan is not None:
         make_plan = lambda: plan
     elif budget.sizes_residuals:
