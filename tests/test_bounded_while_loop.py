@@ -572,6 +572,33 @@ def test_a_recomputation_past_the_record_is_checked_element_by_element():
     assert np.isfinite(float(y)) and np.all(np.isnan(vjp(1.0)[0]))
 
 
+def test_a_recomputation_past_the_record_may_differ_where_no_derivative_flows():
+    # `rate` only steers decisions (like a Newton iteration's convergence rate) and differs on
+    # every recomputation; no derivative flows through it, so the chain check lets it differ
+    # and the gradient past the record is exact.
+    calls = [0]
+
+    def noise(i):
+        calls[0] += 1
+        return np.asarray(calls[0] * 0.618 % 1.0)
+
+    def loss(y0):
+        def body(v, made=None):
+            y, rate, i = v
+            draw = jax.pure_callback(noise, jax.ShapeDtypeStruct((), jnp.float64), i)
+            up = (y < 1.5) if made is None else made
+            y = jnp.where(up & (rate < 2.0), y * 1.3 + jnp.sin(y), y * 0.6)
+            return (y, jax.lax.stop_gradient(draw), i + 1), up
+
+        kw = dict(max_steps=12, checkpoints=3, record_decisions=1)
+        return bounded_while_loop(lambda v: v[2] < 10, body, (y0, 0.0, 0), **kw)[0]
+
+    ref = jax.grad(lambda y: jax.lax.fori_loop(
+        0, 10, lambda _, y: jnp.where(y < 1.5, y * 1.3 + jnp.sin(y), y * 0.6), y
+    ))(0.3)  # fmt: skip
+    assert float(jax.grad(loss)(0.3)) == pytest.approx(float(ref), rel=1e-14)
+
+
 def test_the_record_of_decisions_is_bounded_whatever_max_steps():
     # The record keeps 2**20 steps' decisions (here 8 bytes each): the compiled gradient's
     # temporary memory is the same for max_steps of 2**21 and 2**24, and smaller than 2**21

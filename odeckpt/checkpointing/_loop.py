@@ -297,8 +297,8 @@ def reverse_body(
 
     A step recomputed without its record (past `loop.recorded_steps`) may decide otherwise
     than the forward run did: where the step reversed does not end where the next one began
-    (the state after it, or the forward run's final state) up to rounding (`_tree.agree`), the
-    cotangents turn NaN.
+    (the state after it, or the forward run's final state) up to rounding where a derivative
+    flows (`_tree.agree`), the cotangents turn NaN.
     """
     params, xs = inputs.params, inputs.xs
     table = None if binomials is None else BinomialTable(jnp.asarray(binomials, _INT), OPS)
@@ -334,7 +334,8 @@ def reverse_body(
         if loop.checks_chain:
             # the state after step `end`: the one the previous iteration reversed it from
             after = _tree.where(first, saved.final, carry.held)
-            chained = (end < loop.recorded_steps) | _tree.agree(reached, after)
+            agree = _tree.agree(reached, after, carry.cts.init)
+            chained = (end < loop.recorded_steps) | agree
             if loop.throw:
                 cts = cts._replace(init=eqx.error_if(cts.init, ~chained, DIVERGED))
             cts = jax.tree.map(lambda x: jnp.where(chained, x, jnp.nan).astype(x.dtype), cts)

@@ -115,23 +115,25 @@ def where(pred, new, old):
     return jtu.tree_map(lambda n, o: jnp.where(pred, n, o), new, old)
 
 
-def agree(a, b) -> jax.Array:
-    """Whether two pytrees of one structure hold the same values up to rounding, per lane under
-    `vmap`: leaves that are not inexact exactly; inexact ones element by element, to `sqrt(eps)`
-    of the element plus `64 eps` of the largest finite magnitude in the tree (an element at
-    its rounding-noise floor, an error estimate of `1e-17`, may differ), with equal infinities
-    and NaN in both alike."""
+def agree(a, b, cotangent) -> jax.Array:
+    """Whether two pytrees of one structure hold the same values up to rounding where a
+    `cotangent` (of their inexact leaves) is not zero, per lane under `vmap`: leaves that are
+    not inexact exactly; inexact ones element by element, to `sqrt(eps)` of the element plus
+    `64 eps` of the largest finite magnitude in the tree (an element at its rounding-noise
+    floor, an error estimate of `1e-17`, may differ), with equal infinities and NaN in both
+    alike. An element whose cotangent is zero (a value that only steers decisions, such as
+    an iteration's convergence rate) may differ: no derivative flows through it."""
     la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
     inexact = [(x, y) for x, y in zip(la, lb, strict=True) if is_inexact(x)]
     same = [jnp.all(x == y) for x, y in zip(la, lb, strict=True) if not is_inexact(x)]
     if inexact:
         finite = lambda x: jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0), initial=0.0)
         largest = jnp.max(jnp.stack([jnp.maximum(finite(x), finite(y)) for x, y in inexact]))
-        for x, y in inexact:
+        for (x, y), ct in zip(inexact, jtu.tree_leaves(cotangent), strict=True):
             eps = float(jnp.finfo(x.dtype).eps)
             bound = eps**0.5 * jnp.maximum(jnp.abs(x), jnp.abs(y)) + 64 * eps * largest
             alike = (x == y) | (jnp.isnan(x) & jnp.isnan(y)) | (jnp.abs(x - y) <= bound)
-            same.append(jnp.all(alike))
+            same.append(jnp.all(alike | (ct == 0)))
     return jnp.all(jnp.stack(same)) if same else jnp.array(True)
 
 

@@ -171,8 +171,9 @@ def bounded_while_loop(
         and decides afresh, so it may round its way to other decisions. The reverse sweep
         then checks that each step it reverses ends where the next one began (`val` equal up
         to rounding: leaves that are not inexact exactly, inexact ones element by element to
-        `sqrt(eps)`), and where one does not, the cotangents are NaN (per lane under `vmap`)
-        instead of the derivative of another trajectory. The check sees `val` only: a
+        `sqrt(eps)` where their cotangent is not zero), and where one does not, the
+        cotangents are NaN (per lane under `vmap`) instead of the derivative of another
+        trajectory. The check sees `val` only: a
         decision that changes nothing but the step's writes to `outputs` must leave a trace
         in `val` (a count of the branches taken, say) to be seen.
     - `throw`: with `True`, a recomputation past the record that decides otherwise also
