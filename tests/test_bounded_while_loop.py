@@ -501,7 +501,8 @@ def test_recomputation_follows_recorded_decisions(record):
         assert float(grad) != pytest.approx(float(y) / 2.0, rel=1e-3)
 
 
-@pytest.mark.parametrize("offload", [False, True])
+# The host-offload sweep shares the reverse body: -m slow.
+@pytest.mark.parametrize("offload", slow_unless([False, True], fast={False}))
 def test_a_recomputation_past_the_record_that_decides_otherwise_has_nan_cotangents(offload):
     # Only the first 2 of 9 steps' decisions are recorded: the recomputations of the others
     # draw new noise, take other factors, and so do not end where the next step began.
