@@ -336,9 +336,14 @@ def reverse_body(
             after = _tree.where(first, saved.final, carry.held)
             agree = _tree.agree(reached, after, carry.cts.init)
             chained = (end < loop.recorded_steps) | agree
+            init = cts.init
             if loop.throw:
-                cts = cts._replace(init=eqx.error_if(cts.init, ~chained, DIVERGED))
-            cts = jax.tree.map(lambda x: jnp.where(chained, x, jnp.nan).astype(x.dtype), cts)
+                init = eqx.error_if(init, ~chained, DIVERGED)
+            # NaN in the state's cotangent reaches every earlier step's; the parameters' sum
+            # has taken the later steps' already. The output buffers' (length m) stay as they
+            # are, so that the check costs O(state) per step.
+            nan = lambda tree: jax.tree.map(lambda x: jnp.where(chained, x, jnp.nan), tree)
+            cts = cts._replace(init=nan(init), params=nan(cts.params))
         k = inner.k - (end == inner.stack[inner.k - 1]).astype(_INT)
         return Reversal(end, jnp.array(-1, _INT), k, inner.stack, inner.held, inner.snaps, cts)
 

@@ -237,6 +237,11 @@ def bounded_while_loop(
         )
     if plan is None:
         max_steps = check_max_steps(max_steps)
+    if not isinstance(throw, bool):
+        raise TypeError(
+            f"throw must be True or False, got {throw!r}; pass throw=True to raise when a "
+            "recomputation past the recorded decisions leaves the forward trajectory"
+        )
     init_val, snapshot_bytes = _checked_init(init_val, snapshot, record_decisions)
     if plan is None:
         # Checks the budget now; a plan that may store the step's residuals is only made (it
@@ -252,8 +257,6 @@ def bounded_while_loop(
     loop, params = engine_loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    if not isinstance(throw, bool):
-        raise TypeError(f"throw must be True or False, got {throw!r}")
     loop = dataclasses.replace(loop, throw=throw)
     if plan is not None:
         make_plan = lambda: plan
