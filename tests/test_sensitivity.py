@@ -166,6 +166,46 @@ def _digits(value, reference):
     return -math.log10(abs(value - reference) / abs(reference))
 
 
+_ADAPTIVE = ["heun", "bosh3", "tsit5", "dopri5", "dopri8", "trapezoid", "kvaerno3", "kvaerno4",
+             "kvaerno5", "rodas5", "radau", "bdf"]  # fmt: skip
+
+
+@pytest.mark.parametrize("solver", slow_unless(_ADAPTIVE, fast={"radau"}))
+def test_the_sensitivities_error_steers_the_steps(solver):
+    """From `y(0) = 1`, `y' = -lam (y - cos t) - sin t` (lam = 50) has the solution `cos t`
+    whatever `lam`: the state's error sees a slow cosine, while `dy(t1)/dy0 = exp(-lam t1)`
+    decays fast. The derivative of the discrete solve, whose steps the state alone chose, is
+    2e-3 to 30 (relative) off; `ForwardSensitivity`'s steps also answer to the sensitivity's
+    error estimate, and its derivative is within 1e-3 (at rtol 1e-5) and 30 times closer."""
+    lam, t1 = 50.0, 0.1
+
+    def final(y0, adjoint):
+        sol = odeckpt.solve(
+            lambda t, y, lam: -lam * (y - jnp.cos(t)) - jnp.sin(t), y0, (0.0, t1), lam,
+            solver=solver, adjoint=adjoint, rtol=1e-5, atol=1e-8, max_steps=10_000,
+        )  # fmt: skip
+        return sol.ys[-1, 0]
+
+    exact = math.exp(-lam * t1)
+    error = lambda adjoint: abs(float(jax.jacfwd(final)(jnp.ones(1), adjoint)[0]) / exact - 1)
+    discrete, controlled = error("forward"), error("forward_sensitivity")
+    assert controlled <= 1e-3, (discrete, controlled)
+    assert controlled <= discrete / 30, (discrete, controlled)
+
+
+@pytest.mark.slow
+def test_van_der_pol_radau_sensitivities_beat_scipy_at_the_same_rtol():
+    """Radau5's sensitivities under the error control (its estimate, differentiated with the
+    step's matrix held fixed): at rtol 1e-6 more digits than scipy's Radau with the
+    sensitivities in its error test (3.1, docs/which-adjoint.md), and tighter sensitivity
+    tolerances buy more (the discrete derivative: 2.9 at both)."""
+    reference = _van_der_pol_reference()
+    same = _van_der_pol_gradient(odeckpt.ForwardSensitivity(), 1e-6, "radau")
+    tighter = _van_der_pol_gradient(odeckpt.ForwardSensitivity(rtol=1e-8), 1e-6, "radau")
+    assert _digits(same, reference) >= 3.2
+    assert _digits(tighter, reference) >= 5.5
+
+
 @pytest.mark.slow
 def test_van_der_pol_sensitivities_converge_to_the_reference():
     """The error-controlled derivative converges to scipy's as the tolerance shrinks, and at

@@ -269,21 +269,27 @@ class Radau5(AbstractProposer):
         """Hairer and Wanner's error estimate `(I - h gamma J)^{-1} (h gamma f(t0, y0) + gamma
         sum_i e_i Z_i)`; at a first or retried step whose estimate fails, the refined one
         that evaluates `f` at `y0` plus the first estimate (*Solving ODEs II*, IV.8, (8.20)).
-        Step sizes are not differentiated, so neither is the estimate."""
-        tableau, solve = self.tableau, solved.prepared.solve
-        f0 = state.implicit.f
-        system, z, f0, y0, y1 = no_grad((solved.system, solved.increments, f0, y0, y1))
+
+        The estimate is differentiable in `f(t0, y0)`, the stages and the parameters, with the
+        step's times and matrix held fixed: along a direction it is the same estimate of the
+        sensitivities' error, which `ForwardSensitivity` judges. Its norm steers step sizes
+        only, and is not differentiated."""
+        tableau, system, z = self.tableau, solved.system, solved.increments
+        prepared = solved.prepared
+        solve = prepared.solve if prepared.factors is None else no_grad(prepared.factors).solve
         field, dtype = system.field, z.dtype
         combination = tableau.gamma * (jnp.asarray(tableau.error, dtype) @ z)
-        hg = jnp.asarray(system.h * tableau.gamma, dtype)
-        first = solve(hg * field.ravel(f0) + combination)
-        first_norm = self.error_norm(field.unravel(first), y0, y1)
+        hg = jax.lax.stop_gradient(jnp.asarray(system.h * tableau.gamma, dtype))
+        first = solve(hg * field.ravel(state.implicit.f) + combination)
+        y0, y1 = no_grad((y0, y1))
+        norm = lambda e: self.error_norm(field.unravel(jax.lax.stop_gradient(e)), y0, y1)
+        first_norm = norm(first)
         again = state.retry & (first_norm > 1)
         f_moved = lambda: field(jax.lax.stop_gradient(t0), system.y0 + first, system.args)
         refined = jax.lax.cond(again, lambda: solve(hg * f_moved() + combination), lambda: first)
         return Estimate(
             y_error=refined,
-            norm=jnp.where(again, self.error_norm(field.unravel(refined), y0, y1), first_norm),
+            norm=jnp.where(again, norm(refined), first_norm),
             num_fn_evals=again.astype(jnp.int32),
         )
 
