@@ -12,8 +12,16 @@ the stiff ROBER and VDPOL of `bench_stiff.py` they would need millions of steps.
 references. Per stepper and problem: the error at t1 (largest relative error over the
 components), the slope of log(error) against log(rtol) (1: one decade per decade) and error /
 rtol (below 1: more accurate than asked). Writes `benchmarks/results/tolerance.{json,md}`.
+
+    python benchmarks/bench_tolerance.py --stiff
+
+The stiff steppers of `bench_stiff.py` and scipy's `Radau` and `BDF` (with the exact Jacobian)
+on ROBER and VDPOL at nine rtols, half a decade apart from 1e-4 to 1e-8: the error at t1 is
+irregular in rtol, and a slope fitted over three points depends on where they fall. Writes
+`benchmarks/results/tolerance-stiff.{json,md}`.
 """
 
+import argparse
 import sys
 
 import jax
@@ -24,9 +32,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _harness import Column, environment, write_results  # noqa: E402
 from bench_stiff import (  # noqa: E402
+    ODECKPT_SOLVERS,
     PROBLEMS as STIFF,  # noqa: E402
+    SCIPY,
     digits,
     error,
+    scipy_solve,
 )
 from scipy.integrate import solve_ivp  # noqa: E402
 
@@ -63,6 +74,8 @@ RTOLS = {"implicit_euler": (1e-2, 1e-3, 1e-4)}
 """ImplicitEuler holds its steps to rtol^2-like tolerances (`tolerance_exponent = 2`): tighter
 rtols than these take more than `MAX_STEPS` steps on ROBER."""
 DEFAULT_RTOLS = (1e-4, 1e-6, 1e-8)
+FINE_RTOLS = tuple(float(r) for r in np.logspace(-4, -8, 9))
+"""`--stiff`: half a decade apart."""
 MAX_STEPS = 1_000_000
 
 COLUMNS = [
@@ -76,8 +89,9 @@ COLUMNS = [
 ]
 
 
-def run(name: str, problem: dict, stepper: str) -> dict:
-    rtols = RTOLS.get(stepper, DEFAULT_RTOLS)
+def run(name: str, problem: dict, stepper, rtols=None) -> dict:
+    """The error at t1 of `stepper` (a name or an odeckpt stepper) at each of `rtols`."""
+    rtols = rtols or RTOLS.get(stepper, DEFAULT_RTOLS)
 
     @jax.jit
     def final(y0, args, rtol):
@@ -95,6 +109,21 @@ def run(name: str, problem: dict, stepper: str) -> dict:
         y1, n = final(jnp.asarray(problem["y0"]), jnp.asarray(problem["args"]), rtol)
         errors.append(error(y1, problem["reference"]))
         steps.append(int(n))
+    return record(name, stepper if isinstance(stepper, str) else stepper.name, rtols, errors, steps)
+
+
+def run_scipy(name: str, problem: dict, method: str, rtols) -> dict:
+    """The error at t1 of scipy's `method` at each of `rtols`."""
+    errors, steps = [], []
+    for rtol in rtols:
+        result, _ = scipy_solve(problem, method, rtol, rtol * problem["atol_factor"])
+        errors.append(error(result.y[:, -1], problem["reference"]))
+        steps.append(len(result.t) - 1)
+    return record(name, f"scipy {method}", rtols, errors, steps)
+
+
+def record(name: str, stepper: str, rtols, errors, steps) -> dict:
+    """The errors, their slope against rtol on log scales, and error / rtol."""
     slope = float(np.polyfit(np.log(rtols), np.log(errors), 1)[0])
     fmt = lambda values, spec: ", ".join(format(v, spec) for v in values)
     return dict(
@@ -104,8 +133,30 @@ def run(name: str, problem: dict, stepper: str) -> dict:
     )  # fmt: skip
 
 
+def stiff(env) -> int:
+    """`--stiff`: every stiff stepper and scipy's on ROBER and VDPOL at `FINE_RTOLS`."""
+    records = []
+    for name, problem in STIFF.items():
+        for solver in ODECKPT_SOLVERS.values():
+            records.append(run(name, problem, solver(), FINE_RTOLS))
+            print(records[-1], flush=True)
+        for method in SCIPY.values():
+            records.append(run_scipy(name, problem, method, FINE_RTOLS))
+            print(records[-1], flush=True)
+    json_path, md_path = write_results(
+        "tolerance-stiff", records, COLUMNS, title="Tolerance proportionality of stiff solvers",
+        command="python benchmarks/bench_tolerance.py --stiff", env=env,
+    )  # fmt: skip
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stiff", action="store_true", help="stiff solvers at nine rtols")
     env = environment()
+    if parser.parse_args().stiff:
+        return stiff(env)
     records = []
     for name, problem in NON_STIFF.items():
         problem = {**problem, "reference": _reference(**{k: problem[k] for k in
