@@ -143,10 +143,15 @@ def stiff(env) -> int:
         for method in SCIPY.values():
             records.append(run_scipy(name, problem, method, FINE_RTOLS))
             print(records[-1], flush=True)
+    return written("tolerance-stiff", records, "Tolerance proportionality of stiff solvers",
+                   "python benchmarks/bench_tolerance.py --stiff", env)  # fmt: skip
+
+
+def written(name: str, records, title: str, command: str, env) -> int:
+    """Write `benchmarks/results/<name>.{json,md}` and say so."""
     json_path, md_path = write_results(
-        "tolerance-stiff", records, COLUMNS, title="Tolerance proportionality of stiff solvers",
-        command="python benchmarks/bench_tolerance.py --stiff", env=env,
-    )  # fmt: skip
+        name, records, COLUMNS, title=title, command=command, env=env
+    )
     print(f"wrote {json_path} and {md_path}")
     return 0
 
@@ -168,12 +173,8 @@ def main() -> int:
         for stepper in CLASSIC_IMPLICIT:
             records.append(run(name, problem, stepper))
             print(records[-1], flush=True)
-    json_path, md_path = write_results(
-        "tolerance", records, COLUMNS, title="Tolerance proportionality",
-        command="python benchmarks/bench_tolerance.py", env=env,
-    )  # fmt: skip
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+    return written("tolerance", records, "Tolerance proportionality",
+                   "python benchmarks/bench_tolerance.py", env)  # fmt: skip
 
 
 if __name__ == "__main__":
