@@ -37,7 +37,7 @@ class ForwardSensitivity(AbstractAdjoint):
     step's factors too. With `BDF` the sensitivities carry their own history of differences
     (`AbstractStepper.differentiable_state`); a stepper that proposes its step sizes (`BDF`,
     `Radau5`) proposes them from the state's error, and a step whose sensitivities fail the
-    error test is retried shorter.
+    error test is retried shorter; `BDF` chooses its order from the state's error alone.
 
     - `jax.jvp` / `jax.jacfwd`: one sensitivity solve per direction (under `jacfwd`, one per
         input component, batched), only along the directions asked for.
