@@ -369,6 +369,10 @@ def _stage_value_jvp(primals, tangents, *, newton: AbstractNewton, jacobian: Jac
     # Implicit function theorem: G(z, p) = 0 gives dz = -(dG/dz)^{-1} (dG/dp dp).
     stage, z, factors = primals
     d_stage, _, _ = tangents
+    # `z` arrives without derivatives (the iteration is not differentiated); taken through
+    # `_stage_value` again, it carries those of an enclosing differentiation, so that the
+    # tangent below, a function of `z`, has the right derivatives too (second derivatives).
+    z = _stage_value(stage, z, factors, newton=newton, jacobian=jacobian)
     _, rhs = eqx.filter_jvp(lambda s: s.residual(z), (stage,), (d_stage,))
     return z, -newton.tangent(jacobian, stage, z, rhs, factors)
 
