@@ -271,12 +271,13 @@ class AbstractNewton(eqx.Module):
         keeps none)."""
         return cache
 
-    def with_tolerances(self, rtol: float, atol: float) -> "AbstractNewton":
-        """This method with unset tolerances taken from `rtol` and `atol`."""
+    def with_tolerances(self, rtol: float, atol: float, replace: bool = False) -> "AbstractNewton":
+        """This method with unset tolerances (with `replace`, all) taken from `rtol` and
+        `atol`."""
         return dataclasses.replace(
             self,
-            rtol=rtol if self.rtol is None else self.rtol,
-            atol=atol if self.atol is None else self.atol,
+            rtol=rtol if replace or self.rtol is None else self.rtol,
+            atol=atol if replace or self.atol is None else self.atol,
         )
 
     def scale(self, coordinates: RealCoordinates, y0: Array) -> Array:

@@ -33,8 +33,19 @@ from odeckpt._steppers._implicit import AbstractImplicit
 from odeckpt._steppers._rosenbrock import AbstractRosenbrock
 
 STEPPER_NAMES = sorted(STEPPERS)
-REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating")
+REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating",
+           "interpolating_resolved")  # fmt: skip
 ADJOINTS = (*REVERSE, "forward")
+
+
+def _adjoint(name: str, tol: float | None = 1e-10):
+    """The adjoint called `name`; "interpolating_resolved" is `InterpolatingAdjoint` with
+    tolerances `tol` of its own, which re-solves `y(t)` from `y0` at them."""
+    if name == "interpolating_resolved":
+        return odeckpt.InterpolatingAdjoint(rtol=tol, atol=tol)
+    return name
+
+
 T1 = 1.0
 FAULTS = (np.nan, np.inf, -np.inf)
 
@@ -51,6 +62,8 @@ DEFAULT_PAIRS = {
 def _pairs():
     fast = DEFAULT_PAIRS
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
+        if adjoint == "interpolating_resolved" and STEPPERS[name].error_order is None:
+            continue  # the re-solve needs an adaptive stepper (a clear error otherwise)
         marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
         yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
 
@@ -72,7 +85,7 @@ def _accuracy(name: str, adjoint: str) -> float:
     4e-4 here)."""
     stepper = STEPPERS[name]
     implicit = issubclass(stepper, AbstractImplicit | AbstractRosenbrock)
-    reads_dense = adjoint == "interpolating" or (adjoint == "backsolve" and implicit)
+    reads_dense = adjoint.startswith("interpolating") or (adjoint == "backsolve" and implicit)
     if reads_dense and stepper.dense_degree < stepper.order:
         return 1e-3
     return {1: 0.1, 2: 1e-2}.get(stepper.order, 1e-4)
@@ -117,10 +130,14 @@ def _batched(name: str, adjoint: str):
     if key in _COMPILED:
         return _COMPILED[key]
 
+    options = _step_options(name)
+    # A re-solve at the forward solve's tolerance, within its `max_steps`.
+    resolved = _adjoint(adjoint, options.get("rtol"))
+
     def solve(y0, k, t_fault, value):
         return odeckpt.solve(
             faulty_field, jnp.stack([y0]), (0.0, T1), (k, t_fault, value), solver=name,
-            adjoint=adjoint, throw=False, max_steps=256, **_step_options(name),
+            adjoint=resolved, throw=False, max_steps=256, **options,
         )  # fmt: skip
 
     def loss(y0, k, t_fault, value):
@@ -207,8 +224,8 @@ def test_faulty_traced_tolerances_fail_per_lane(adjoint):
 
     def lane(rtol, atol, k):
         def final(k):
-            sol = odeckpt.solve(faulty_field, jnp.ones(1), (0.0, T1), (k, 2.0, 0.0),
-                                rtol=rtol, atol=atol, adjoint=adjoint, throw=False)  # fmt: skip
+            sol = odeckpt.solve(faulty_field, jnp.ones(1), (0.0, T1), (k, 2.0, 0.0), rtol=rtol,
+                                atol=atol, adjoint=_adjoint(adjoint), throw=False)  # fmt: skip
             return jnp.sum(sol.ys**2), sol
 
         sol = final(k)[1]
@@ -351,7 +368,7 @@ def test_derivatives_in_save_times_at_t0(adjoint):
 
     def saved(t0, ts):
         sol = odeckpt.solve(
-            lambda t, y, a: -k * y, jnp.ones(1), (t0, 1.0), saveat=ts, adjoint=adjoint
+            lambda t, y, a: -k * y, jnp.ones(1), (t0, 1.0), saveat=ts, adjoint=_adjoint(adjoint)
         )
         return sol.ys[0, 0]
 
@@ -371,8 +388,8 @@ def test_derivatives_with_repeated_save_times(adjoint):
 
     def saved(k, y0):
         sol = odeckpt.solve(
-            lambda t, y, k: -k * y, y0, (0.0, 1.0), k, saveat=ts, adjoint=adjoint, rtol=1e-10,
-            atol=1e-12,
+            lambda t, y, k: -k * y, y0, (0.0, 1.0), k, saveat=ts, adjoint=_adjoint(adjoint),
+            rtol=1e-10, atol=1e-12,
         )  # fmt: skip
         return sol.ys[:, 0]
 
@@ -403,8 +420,9 @@ def test_zero_length_spans_inside_a_batch(adjoint, solver):
 
     def final(t1, y0, k):
         sol = odeckpt.solve(
-            lambda t, y, k: -k * y, jnp.stack([y0]), (0.2, t1), k, adjoint=adjoint, rtol=1e-10,
-            atol=1e-10, saveat=odeckpt.SaveAt(ts=jnp.stack([t1]), t1=True), solver=solver,
+            lambda t, y, k: -k * y, jnp.stack([y0]), (0.2, t1), k, adjoint=_adjoint(adjoint),
+            rtol=1e-10, atol=1e-10, saveat=odeckpt.SaveAt(ts=jnp.stack([t1]), t1=True),
+            solver=solver,
         )  # fmt: skip
         return jnp.sum(sol.ys)
 
@@ -430,7 +448,7 @@ def _event_lane(adjoint: str):
         field = lambda t, y, p: jnp.where(t > p[1], jnp.nan, -p[0] * y)
         event = odeckpt.Event(lambda t, y, p: jnp.where(t > p[2], jnp.nan, y[0] - 0.5))
         sol = odeckpt.solve(field, jnp.stack([y0]), (0.0, 2.0), (k, t_fault, t_event),
-                            event=event, adjoint=adjoint, throw=False, rtol=1e-10,
+                            event=event, adjoint=_adjoint(adjoint), throw=False, rtol=1e-10,
                             atol=1e-10)  # fmt: skip
         return sol.ts[-1], sol
 
@@ -471,7 +489,7 @@ def test_events_with_zero_length_spans_and_save_times_at_the_ends(adjoint):
 
     def solve(t1):
         return odeckpt.solve(
-            lambda t, y, a: -y, jnp.ones(1), (0.0, t1), event=event, adjoint=adjoint,
+            lambda t, y, a: -y, jnp.ones(1), (0.0, t1), event=event, adjoint=_adjoint(adjoint),
             saveat=odeckpt.SaveAt(ts=jnp.stack([0.0, t1]), t1=True), rtol=1e-10, atol=1e-10,
         )  # fmt: skip
 

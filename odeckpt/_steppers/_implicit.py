@@ -114,15 +114,18 @@ def check_tolerances(stepper: AbstractProposer) -> None:
             )
 
 
-def with_newton_tolerances(stepper: AbstractStepper, rtol: float, atol: float) -> AbstractStepper:
+def with_newton_tolerances(
+    stepper: AbstractStepper, rtol: float, atol: float, *, replace: bool = False
+) -> AbstractStepper:
     """`stepper` with its unset tolerances taken from `rtol` and `atol` (those of the solve): its
     Newton method's and, for an `AbstractProposer`, those of its step-size proposal; any other
-    stepper unchanged. (A step transforms them into those it is held to:
-    `AbstractImplicit.held_newton`.)"""
+    stepper unchanged. With `replace`, tolerances already set are replaced too (a stepper that
+    `odeckpt.solve` prepared, run again at other tolerances). (A step transforms them into
+    those it is held to: `AbstractImplicit.held_newton`.)"""
     if not isinstance(stepper, AbstractImplicit):
         return stepper
-    changes = dict(newton=stepper.newton.with_tolerances(rtol, atol))
+    changes = dict(newton=stepper.newton.with_tolerances(rtol, atol, replace))
     if isinstance(stepper, AbstractProposer):
-        changes["rtol"] = rtol if stepper.rtol is None else stepper.rtol
-        changes["atol"] = atol if stepper.atol is None else stepper.atol
+        changes["rtol"] = rtol if replace or stepper.rtol is None else stepper.rtol
+        changes["atol"] = atol if replace or stepper.atol is None else stepper.atol
     return dataclasses.replace(stepper, **changes)

@@ -2,6 +2,7 @@
 stop (`_stops`): with `y` integrated backwards beside the adjoint, or read from forward
 re-solves."""
 
+import dataclasses
 from typing import NamedTuple
 
 import equinox as eqx
@@ -169,6 +170,20 @@ def solve_backwards(backward: Backward, z) -> tuple:
     return done.z[1:], done.stats
 
 
+def resolve_from_start(backward: Backward) -> tuple[StoredStates, BackwardStats]:
+    """The forward solution re-solved from `t0` to the final time with the windows' controller,
+    storing states as `setup.restart` says (for the windows to start from), and the stats of
+    that one re-solve (failed if it does not reach the final time)."""
+    setup, init, final = backward.setup, backward.init, backward.final
+    window_loop = setup.window_loop(backward.loop, backward.problem, backward.diff, final.t)
+    loop = dataclasses.replace(window_loop, saveat=SaveAt(t1=True))
+    start, _ = loop.init_state(init.t, init.y, None)
+    done, _, watch = while_loop(loop, start, Outputs(), setup.restart.watch(start, final.t))
+    ok = (done.status == Status.successful) & (done.t >= final.t)
+    zero, one = jnp.zeros((), jnp.int32), jnp.ones((), jnp.int32)
+    return watch.stored, BackwardStats(ok, zero, zero, one, jnp.zeros((), final.t.dtype))
+
+
 class _AdjointCarry(NamedTuple):
     """The carry of `solve_with_forward_states`: the next stop (its place in `Stops.order`),
     the time `tau` reached, `(a, g)` there, the step size to go on with, the window of forward
@@ -186,10 +201,14 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
     """The backward solve of `(a, g)` alone, with `y(t)` from forward re-solves: each iteration
     takes the window ending at the current time (re-solved from the latest stored state before
     it, if the window held does not reach below that time), integrates down to the next stop
-    or the window's start, and adds the stop's jumps. Returns `(a, g)` at `t0` and the
-    `BackwardStats`."""
+    or the window's start, and adds the stop's jumps. With `setup.restart` the windows start
+    from the states of a re-solve from `t0` instead of `stored`. Returns `(a, g)` at `t0` and
+    the `BackwardStats`."""
     setup, loop, init, final = backward.setup, backward.loop, backward.init, backward.final
     problem, diff, stops = backward.problem, backward.diff, backward.stops
+    stats = BackwardStats.none(final.t.dtype)
+    if setup.restart is not None:
+        stored, stats = resolve_from_start(backward)
     anchors = StoredStates(t=init.t[None], y=jax.tree.map(lambda y: y[None], init.y),
                            dt=init.dt[None])  # fmt: skip
     if stored is not None:
@@ -244,7 +263,7 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
                           setup.window)  # fmt: skip
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
     dt = backward.first_dt(problem.adjoint_at(final.y, tau1), jnp.zeros_like(tau1), a_g, diff)
-    carry = _AdjointCarry(zero, tau1, a_g, dt, window, BackwardStats.none(tau1.dtype))
+    carry = _AdjointCarry(zero, tau1, a_g, dt, window, stats)
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
     done = jax.lax.while_loop(cond, body, carry)
     return done.a_g, done.stats

@@ -42,6 +42,13 @@ class ContinuousAdjoint(AbstractAdjoint):
         """The controller of the forward re-solves, given the backward solve's."""
 
     @property
+    def resolves_from_start(self) -> bool:
+        """Whether the backward solve reads `y(t)` from a re-solve of the whole forward solution
+        from `t0` at the backward tolerances, rather than from the states the forward solve
+        stored."""
+        return False
+
+    @property
     @abc.abstractmethod
     def seminormed(self) -> bool:
         """Whether the parameter integral is left out of the backward error estimate."""
@@ -91,7 +98,10 @@ class ContinuousAdjoint(AbstractAdjoint):
             events = loop.events.closure_converted(type(self).__name__, state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat), events=events)
         anchoring = self.anchoring()
-        final, outputs = backsolve(BacksolveInputs(loop, state, outputs), setup, anchoring)
+        # A re-solve from `t0` stores its own states: the forward solve stores none.
+        stored_by_forward = None if setup.restart is not None else anchoring
+        inputs = BacksolveInputs(loop, state, outputs)
+        final, outputs = backsolve(inputs, setup, stored_by_forward)
         num_checkpoints = jnp.asarray(0 if anchoring is None else anchoring.slots, jnp.int32)
         return RunResult(final, outputs, GradientStats(num_checkpoints, jnp.zeros((), jnp.int32)))
 
@@ -108,9 +118,19 @@ class ContinuousAdjoint(AbstractAdjoint):
                     "estimate for the adaptive backward solve. Fix: pass "
                     f"`{name}(solver=odeckpt.Tsit5())` or another adaptive stepper."
                 )
-            # Newton's increments are measured at the backward tolerances (a small `atol` for
-            # tiny components), not at the stepper's standalone defaults.
-            stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol)
+            # Newton's increments (and a proposer's steps) are measured at the backward
+            # tolerances, not at the stepper's standalone defaults, nor at the forward solve's
+            # that the forward stepper was given.
+            stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol,
+                                             replace=self.solver is None)  # fmt: skip
+        if self.resolves_from_start and loop.stepper.error_order is None:
+            raise ValueError(
+                f"{name}(rtol=..., atol=...) re-solves the forward solution at those "
+                f"tolerances, and the forward stepper {type(loop.stepper).__name__} has no "
+                f"error estimate to adapt its steps to them. Fix: leave `{name}`'s rtol and "
+                "atol at None (the re-solves retrace the forward steps), or solve with an "
+                "adaptive stepper."
+            )
         failure = (
             f"{name}: the backward (adjoint) solve failed (max_steps reached, step size "
             "underflow, a non-finite adjoint, or the reconstructed state drifted from the "
@@ -118,9 +138,16 @@ class ContinuousAdjoint(AbstractAdjoint):
             "backward `rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, "
             "whose gradients do not solve a backward ODE."
         )
+        window_controller = self.resolve_controller(loop, controller)
+        window_stepper = loop.stepper
+        if window_controller is controller and isinstance(controller, PIDController):
+            # Re-solves at the backward tolerances hold the forward stepper to them.
+            window_stepper = with_newton_tolerances(loop.stepper, controller.rtol, controller.atol,
+                                                    replace=True)  # fmt: skip
         return BackwardSetup(
-            stepper=stepper, controller=controller,
-            window_controller=self.resolve_controller(loop, controller),
+            stepper=stepper, controller=controller, window_stepper=window_stepper,
+            window_controller=window_controller,
+            restart=self.anchoring() if self.resolves_from_start else None,
             seminorm=self.seminormed, reconstruct_forward=self.reconstructs_forward(stepper),
             window=self.window, max_drift=self.max_drift, on_backward=self.on_backward,
             failure=failure,

@@ -9,6 +9,7 @@ from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
 from ..._types import Scalar
+from ._anchors import Anchoring
 from ._problem import Problem, Seminorm
 
 
@@ -22,7 +23,11 @@ class BackwardSetup(eqx.Module):
     - `reconstruct_forward`: read `y(t)` from forward re-solves instead of integrating it
         backwards.
     - `window`: steps of dense output a forward re-solve keeps.
-    - `window_controller`: the controller of the forward re-solves of windows.
+    - `window_stepper`, `window_controller`: the stepper and controller of the forward
+        re-solves.
+    - `restart`: where a re-solve of the forward solution from `t0` with `window_controller`
+        stores the states the windows start from (`None`: the windows start from the states
+        the forward solve stored).
     - `max_drift`: the largest drift of the reconstructed state from the forward one that
         the backward solve accepts (see `BacksolveAdjoint`).
     - `on_backward`: the user's callback for the backward solve's statistics, or `None`.
@@ -31,7 +36,9 @@ class BackwardSetup(eqx.Module):
 
     stepper: AbstractStepper
     controller: AbstractController
+    window_stepper: AbstractStepper
     window_controller: AbstractController
+    restart: Anchoring | None
     seminorm: bool = eqx.field(static=True)
     reconstruct_forward: bool = eqx.field(static=True)
     window: int = eqx.field(static=True)
@@ -49,12 +56,12 @@ class BackwardSetup(eqx.Module):
         self, loop: IntegrationLoop, problem: Problem, diff, t_end: Scalar
     ) -> IntegrationLoop:
         """The forward problem from a stored state to `t_end`, for a forward re-solve: the
-        forward stepper at the backward tolerances (when it can adapt to them), keeping its
-        dense output."""
+        forward stepper and controller at the re-solves' tolerances, keeping its dense
+        output."""
         return IntegrationLoop(
             f=problem.f,
             args=diff,
-            stepper=loop.stepper,
+            stepper=self.window_stepper,
             controller=self.window_controller,
             t_end=t_end,
             ts=None,
