@@ -106,6 +106,24 @@ def test_bad_input_raises_naming_the_fix():
         )  # fmt: skip
 
 
+def test_traced_sensitivity_tolerances():
+    """The sensitivities' tolerances may be traced (one compilation for every tolerance): the
+    derivative equals the one with the same tolerances known at trace time."""
+
+    def derivative(k, rtol):
+        def final(k):
+            adjoint = odeckpt.ForwardSensitivity(rtol=rtol, atol=rtol)
+            sol = odeckpt.solve(lambda t, y, k: -k * y**2, jnp.ones(1), (0.0, 2.0), k,
+                                rtol=1e-4, atol=1e-4, adjoint=adjoint)  # fmt: skip
+            return sol.ys[-1, 0]
+
+        return jax.grad(final)(k)
+
+    traced = jax.jit(derivative)(0.5, 1e-9)
+    np.testing.assert_array_equal(traced, derivative(0.5, 1e-9))
+    np.testing.assert_allclose(traced, -2.0 / (1 + 0.5 * 2.0) ** 2, rtol=1e-7)
+
+
 def test_failed_sensitivity_solve_raises_or_gives_nan():
     """The sensitivities' error control may need more steps than the state's: running out of
     `max_steps` there raises with `throw=True`, and gives NaN derivatives otherwise."""

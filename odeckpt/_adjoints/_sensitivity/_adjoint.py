@@ -2,12 +2,18 @@
 control."""
 
 import dataclasses
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ..._checks import known_values
+from ..._integrate import IntegrationLoop
+from ..._loop_state import LoopState
 from ..._newton import Newton
+from ..._outputs import Outputs
 from ..._real_coordinates import RealCoordinates
 from ..._steppers._implicit import AbstractImplicit
 from ...checkpointing import Sweeps, differentiable
@@ -95,7 +101,8 @@ class ForwardSensitivity(AbstractAdjoint):
     def __check_init__(self):
         for name in ("rtol", "atol"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
+            known = known_values(f"ForwardSensitivity({name})", value)
+            if known is not None and not np.all(known > 0):
                 raise ValueError(
                     f"ForwardSensitivity({name}={value!r}) must be positive, or None for the "
                     "solve's own tolerance."
@@ -114,14 +121,12 @@ class ForwardSensitivity(AbstractAdjoint):
         if events is not None:
             events = events.closure_converted("ForwardSensitivity", state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper), events=events)
-        inputs = SensitivityInputs(loop, state, outputs)
-        tolerances = (self.rtol, self.atol)
-        arrays, static = eqx.partition(inputs, eqx.is_array)
+        arguments = _Arguments(loop, state, outputs, (self.rtol, self.atol))
+        arrays, static = eqx.partition(arguments, eqx.is_array)
         whole = lambda arrays: eqx.combine(arrays, static)
 
         def primal(arrays):
-            inputs = whole(arrays)
-            final, outputs, _ = while_loop(*inputs)
+            final, outputs, _ = while_loop(*whole(arrays).inputs)
             return final, outputs
 
         def sweeps() -> Sweeps:
@@ -130,15 +135,33 @@ class ForwardSensitivity(AbstractAdjoint):
                 return out, out
 
             def tangent(arrays, saved, t_arrays):
-                return _tangent(whole(arrays), saved, t_arrays, tolerances)
+                arguments = whole(arrays)
+                return _tangent(arguments.inputs, saved, t_arrays, arguments.tolerances)
 
             def reverse(arrays, saved, ct_out, want):
-                return _reverse(whole(arrays), saved, ct_out, want, tolerances)
+                arguments = whole(arrays)
+                ct = _reverse(arguments.inputs, saved, ct_out, want, arguments.tolerances)
+                return _Arguments(*ct, tolerances=None)
 
             return Sweeps(forward, reverse, tangent)
 
         final, outputs = differentiable(primal, sweeps, arrays)
         return RunResult(final, outputs, GradientStats.none())
+
+
+class _Arguments(NamedTuple):
+    """What the rule is differentiated with respect to: the inputs, and the sensitivities'
+    `(rtol, atol)` (`None` for the state's), which may be traced arrays and so must be
+    arguments of the rule, never values it closes over."""
+
+    loop: IntegrationLoop
+    init: LoopState
+    outputs: Outputs
+    tolerances: tuple
+
+    @property
+    def inputs(self) -> SensitivityInputs:
+        return SensitivityInputs(self.loop, self.init, self.outputs)
 
 
 def _staggered(stepper):
