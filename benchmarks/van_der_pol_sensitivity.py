@@ -1,7 +1,7 @@
 """Accuracy and time of d sum(y(1000)^2) / d log mu on Van der Pol (mu = 1000, x(0) = 2,
-v(0) = 0; issue 20): odeckpt's default recursive gradient and ForwardSensitivity (Kvaerno5,
-Rodas5, Radau5) against scipy's Radau forward sensitivities at rtol 1e-12, with scipy at rtol
-1e-6 and diffrax Kvaerno5 as peers.
+v(0) = 0; issue 20): odeckpt's default recursive gradient, ForwardSensitivity (Kvaerno5,
+Rodas5, Radau5) and InterpolatingAdjoint (Radau5) against scipy's Radau forward sensitivities
+at rtol 1e-12, with scipy at rtol 1e-6 and diffrax Kvaerno5 as peers.
 
 Run: `PYTHONPATH=. python benchmarks/van_der_pol_sensitivity.py`
 """
@@ -104,6 +104,10 @@ def main():
          timed(jax.grad(odeckpt_loss(fs, 1e-6, "radau")))),
         ("odeckpt forward_sensitivity(rtol=1e-7), Radau5, grad", 1e-6, timed(jax.grad(
             odeckpt_loss(odeckpt.ForwardSensitivity(rtol=1e-7), 1e-6, "radau")))),
+        ("odeckpt interpolating, Radau5, grad", 1e-6, timed(jax.grad(
+            odeckpt_loss(odeckpt.InterpolatingAdjoint(), 1e-6, "radau")))),
+        ("odeckpt interpolating(rtol=1e-8, atol=1e-12), Radau5, grad", 1e-6, timed(jax.grad(
+            odeckpt_loss(odeckpt.InterpolatingAdjoint(rtol=1e-8, atol=1e-12), 1e-6, "radau")))),
         ("scipy Radau, state and sensitivity", 1e-6, scipy_radau(1e-6)),
     ]  # fmt: skip
     try:
