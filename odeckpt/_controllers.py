@@ -379,9 +379,10 @@ class PIDController(AbstractController):
         """The tolerances `stepper`'s steps are held to (`effective_tolerances`), per leaf of
         `y0`."""
         assert self.rtol is not None and self.atol is not None
-        exponent, dtype = stepper.tolerance_exponent, real_dtype(y0)
+        exponent, reference = stepper.tolerance_exponent, stepper.tolerance_reference
+        dtype = real_dtype(y0)
         rtol, atol = per_leaf(self.rtol, y0), per_leaf(self.atol, y0)
-        held = lambda i: lambda r, a: effective_tolerances(r, a, exponent, dtype)[i]
+        held = lambda i: lambda r, a: effective_tolerances(r, a, exponent, dtype, reference)[i]
         return jax.tree.map(held(0), rtol, atol), jax.tree.map(held(1), rtol, atol)
 
     def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:

@@ -21,22 +21,26 @@ def rms(y: Y, scale: Y) -> Scalar:
 
 
 TOLERANCE_REFERENCE = 1e-3
-"""The `rtol` at which a stepper's steps are held to the solve's tolerances whatever its
-`tolerance_exponent`."""
+"""The default `rtol` at which a stepper's steps are held to the solve's tolerances whatever its
+`tolerance_exponent` (`AbstractStepper.tolerance_reference`)."""
 
 
-def effective_tolerances(rtol, atol, exponent: float, dtype) -> tuple:
-    """The tolerances a stepper with `tolerance_exponent = exponent` holds its steps to when the
-    solve asks for `rtol` and `atol` on a state of `dtype`: `rtol' = r0 (rtol / r0) ** exponent`
-    with `r0 = TOLERANCE_REFERENCE`, but not below `min(rtol, 1000 eps)` (the error estimates
-    of steps held tighter would be rounding noise), and `atol' = atol rtol' / rtol` (the ratio
-    `atol / rtol`, which says where a component counts as small, is kept). The identity for
-    `exponent = 1`.
+def effective_tolerances(
+    rtol, atol, exponent: float, dtype, reference: float = TOLERANCE_REFERENCE
+) -> tuple:
+    """The tolerances a stepper with `tolerance_exponent = exponent` and `tolerance_reference =
+    reference` holds its steps to when the solve asks for `rtol` and `atol` on a state of
+    `dtype`: `rtol' = r0 (rtol / r0) ** exponent` with `r0 = reference`, but not below
+    `min(rtol, 1000 eps)` (the error estimates of steps held tighter would be rounding noise),
+    and `atol' = atol rtol' / rtol` (the ratio `atol / rtol`, which says where a component
+    counts as small, is kept). The identity for `exponent = 1`.
 
     With error-per-step control, a method whose error estimate is of its own order (implicit
     Euler, BDF), or whose order drops on stiff components (ESDIRK and Rosenbrock methods),
     makes a global error `C tol ** s` with `s < 1`; `exponent = 1 / s` makes it proportional
-    to `rtol`, as Hairer and Wanner's RADAU5 does with its own transformation.
+    to `rtol`. A method whose estimate is of lower order than the method (Radau IIA: order 5,
+    estimate of order 3) makes `s > 1`, and `exponent < 1` makes it proportional, as Hairer
+    and Wanner's RADAU5 does with its own transformation.
 
     **Example:**
 
@@ -53,7 +57,7 @@ def effective_tolerances(rtol, atol, exponent: float, dtype) -> tuple:
     if exponent == 1:
         return rtol, atol
     floor = jnp.minimum(rtol, 1000 * float(np.finfo(np.dtype(dtype)).eps))
-    effective = jnp.maximum(TOLERANCE_REFERENCE * (rtol / TOLERANCE_REFERENCE) ** exponent, floor)
+    effective = jnp.maximum(reference * (rtol / reference) ** exponent, floor)
     return effective, atol * effective / rtol
 
 

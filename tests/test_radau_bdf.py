@@ -456,20 +456,9 @@ _PROPORTIONAL = [
 ]  # fmt: skip
 
 
-# Radau5's error on ROBER falls about 1.45 decades per decade of rtol (fitted over nine points
-# from 1e-4 to 1e-8; scipy's Radau alike), just past the bound: a tolerance exponent below 1
-# would make it proportional, at the cost of digits at rtol 1e-8 or of work at 1e-6, where
-# issue 22 asks for scipy's digits with less work. Recorded, pending that decision.
-_SUPER_PROPORTIONAL = pytest.mark.xfail(
-    strict=True, reason="issue 22: Radau5's slope on ROBER is about 1.45 (docs/guide.md)"
-)
-
-
 @pytest.mark.parametrize(
     "name, problem",
-    [p if p == ("radau", "vdpol") else pytest.param(
-        *p, marks=[pytest.mark.slow] + ([_SUPER_PROPORTIONAL] if p == ("radau", "rober") else []))
-     for p in _PROPORTIONAL],
+    slow_unless(_PROPORTIONAL, fast={("radau", "vdpol")}),
 )  # fmt: skip
 def test_error_falls_about_a_decade_per_decade_of_rtol(name, problem):
     """Every stiff stepper on Robertson (t1 = 1e11, atol = 1e-4 rtol) and Van der Pol (mu =

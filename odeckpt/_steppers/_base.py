@@ -5,6 +5,7 @@ from typing import ClassVar
 
 import equinox as eqx
 
+from .._error_norm import TOLERANCE_REFERENCE
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 
 
@@ -94,11 +95,14 @@ class AbstractStepper(eqx.Module):
     returns it), so a checkpoint may drop it and recompute it on restore."""
     tolerance_exponent: ClassVar[float] = 1.0
     """The exponent `e` with which the solve's tolerances become those its steps are held to:
-    `rtol' = r0 (rtol / r0) ** e` with `r0 = 1e-3`, and `atol` scaled alike
+    `rtol' = r0 (rtol / r0) ** e` with `r0 = tolerance_reference`, and `atol` scaled alike
     (`odeckpt._error_norm.effective_tolerances`), so that the error at the end of a solve
     falls by about one decade per decade of `rtol`. Above 1 for a stepper whose error per
     step, held at the tolerance, adds up to a global error that shrinks more slowly than the
-    tolerance."""
+    tolerance; below 1 for one whose global error shrinks faster."""
+    tolerance_reference: ClassVar[float] = TOLERANCE_REFERENCE
+    """The `rtol` at which the steps are held to the solve's tolerances whatever
+    `tolerance_exponent`."""
 
     @abc.abstractmethod
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:

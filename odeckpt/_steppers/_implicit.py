@@ -32,8 +32,8 @@ class AbstractImplicit(AbstractStepper):
         newton = self.newton
         if newton.rtol is None or newton.atol is None:
             return newton
-        exponent = self.tolerance_exponent
-        rtol, atol = effective_tolerances(newton.rtol, newton.atol, exponent, dtype)
+        rtol, atol = effective_tolerances(newton.rtol, newton.atol, self.tolerance_exponent,
+                                          dtype, self.tolerance_reference)  # fmt: skip
         return dataclasses.replace(newton, rtol=rtol, atol=atol)
 
 
@@ -66,7 +66,8 @@ class AbstractProposer(AbstractImplicit):
     def _tolerances(self, dtype) -> tuple[float, float]:
         rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
         atol = _DEFAULT_ATOL if self.atol is None else self.atol
-        return effective_tolerances(rtol, atol, self.tolerance_exponent, dtype)
+        return effective_tolerances(rtol, atol, self.tolerance_exponent, dtype,
+                                    self.tolerance_reference)  # fmt: skip
 
     def tight_newton(self, dtype) -> AbstractNewton:
         """`newton`, stopping at `min(kappa, max(10 eps / rtol, sqrt(rtol)))` times the
