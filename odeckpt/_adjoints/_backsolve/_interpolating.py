@@ -40,12 +40,11 @@ class InterpolatingAdjoint(ContinuousAdjoint):
     its own, a solution re-solved from `y0` at them (one forward integration more, storing
     its own checkpoints; the forward solve stores none), so that the gradient is accurate to
     them whatever the forward solve's accuracy (the loss still sees the forward solve). On
-    sensitive problems the gradient needs `y(t)` far more accurately than the loss does: on
-    Van der Pol (mu = 1000) at rtol 1e-6 the retraced forward solution gives about 2 digits
-    of the derivative, `rtol=1e-9` 4.7 (docs/which-adjoint.md). The re-solved state is
-    compared with the forward solution wherever that is known (the checkpoints, the saved
-    outputs, `y(t1)`), and the gradient fails beyond `max_drift` (as for
-    `BacksolveAdjoint`).
+    sensitive problems the gradient needs `y(t)` far more accurately than the loss does
+    (docs/which-adjoint.md: two decades tighter than the solve is a good start). The
+    re-solved state is compared with the forward solution wherever that is known (the
+    checkpoints, the saved outputs, `y(t1)`), and the gradient fails beyond `max_drift` (as
+    for `BacksolveAdjoint`).
 
     **Arguments:**
 

@@ -66,7 +66,7 @@ class ForwardSensitivity(AbstractAdjoint):
 
     - `rtol`, `atol`: the tolerances the (scaled) sensitivities are held to; `None` takes the
         solve's own (CVODES' choice). Tighter values buy a more accurate derivative with more
-        steps.
+        steps. They may be traced arrays (one compilation for every tolerance).
 
     **Example:**
 
