@@ -124,6 +124,28 @@ def test_traced_sensitivity_tolerances():
     np.testing.assert_allclose(traced, -2.0 / (1 + 0.5 * 2.0) ** 2, rtol=1e-7)
 
 
+def test_invalid_traced_sensitivity_tolerances_fail():
+    """Traced tolerances that are not positive and finite, which `ForwardSensitivity` cannot
+    check when it is made, fail the derivative (NaN; an error with `throw=True`), lane by
+    lane under `vmap`."""
+
+    def derivative(rtol, throw):
+        def final(k):
+            sol = odeckpt.solve(lambda t, y, k: -k * y**2, jnp.ones(1), (0.0, 2.0), k,
+                                adjoint=odeckpt.ForwardSensitivity(rtol=rtol, atol=1e-10),
+                                throw=throw)  # fmt: skip
+            return sol.ys[-1, 0]
+
+        return jax.grad(final)(0.5)
+
+    rtols = jnp.array([-1e-6, jnp.inf, jnp.nan, 0.0, 1e-9])
+    derivatives = jax.jit(jax.vmap(lambda r: derivative(r, False)))(rtols)
+    assert np.all(np.isnan(derivatives[:4]))
+    np.testing.assert_allclose(derivatives[4], -2.0 / (1 + 0.5 * 2.0) ** 2, rtol=1e-7)
+    with pytest.raises(Exception, match="not positive and finite"):
+        jax.block_until_ready(jax.jit(derivative, static_argnums=1)(-1e-6, True))
+
+
 def test_failed_sensitivity_solve_raises_or_gives_nan():
     """The sensitivities' error control may need more steps than the state's: running out of
     `max_steps` there raises with `throw=True`, and gives NaN derivatives otherwise."""

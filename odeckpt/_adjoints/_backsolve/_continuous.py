@@ -109,6 +109,14 @@ class ContinuousAdjoint(AbstractAdjoint):
         """How the backward solve runs after a forward solve of `loop` (raises, naming the fix,
         on a configuration it cannot run)."""
         name = type(self).__name__
+        if self.resolves_from_start and loop.stepper.error_order is None:
+            raise ValueError(
+                f"{name}(rtol=..., atol=...) re-solves the forward solution at those "
+                f"tolerances, and the forward stepper {type(loop.stepper).__name__} has no "
+                f"error estimate to adapt its steps to them. Fix: leave `{name}`'s rtol and "
+                "atol at None (the re-solves retrace the forward steps), or solve with an "
+                "adaptive stepper."
+            )
         controller = self._controller(loop.controller)
         stepper = loop.stepper if self.solver is None else self.solver
         if isinstance(controller, PIDController):
@@ -123,18 +131,11 @@ class ContinuousAdjoint(AbstractAdjoint):
             # that the forward stepper was given.
             stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol,
                                              replace=self.solver is None)  # fmt: skip
-        if self.resolves_from_start and loop.stepper.error_order is None:
-            raise ValueError(
-                f"{name}(rtol=..., atol=...) re-solves the forward solution at those "
-                f"tolerances, and the forward stepper {type(loop.stepper).__name__} has no "
-                f"error estimate to adapt its steps to them. Fix: leave `{name}`'s rtol and "
-                "atol at None (the re-solves retrace the forward steps), or solve with an "
-                "adaptive stepper."
-            )
         failure = (
             f"{name}: the backward (adjoint) solve failed (max_steps reached, step size "
-            "underflow, a non-finite adjoint, or the reconstructed state drifted from the "
-            f"forward solution by more than `max_drift`). Fix: {self.failure_fix}, tighten the "
+            "underflow, a non-finite adjoint, the reconstructed state drifted from the "
+            "forward solution by more than `max_drift`, or traced backward `rtol`/`atol` that "
+            f"are not positive and finite). Fix: {self.failure_fix}, tighten the "
             "backward `rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, "
             "whose gradients do not solve a backward ODE."
         )

@@ -28,10 +28,11 @@ from ._stepper import (
 
 SENSITIVITY_FAILED = (
     "ForwardSensitivity: the solve of the sensitivities failed (max_steps reached, step size "
-    "underflow or a non-finite sensitivity), although the solve of the state succeeded. The "
+    "underflow, a non-finite sensitivity, or traced `ForwardSensitivity(rtol=..., atol=...)` "
+    "that are not positive and finite), although the solve of the state succeeded. The "
     "sensitivities' error control may need more steps than the state's. Fix: raise "
-    "`max_steps`, loosen `rtol`/`atol`, or use adjoint='recursive' (the derivative of the "
-    "discrete solve, without error control)."
+    "`max_steps`, loosen `rtol`/`atol` (positive, finite), or use adjoint='recursive' (the "
+    "derivative of the discrete solve, without error control)."
 )
 
 EVENTS_DIFFER = (

@@ -10,13 +10,14 @@ embedded estimate of the sensitivities.
 """
 
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from ..._checks import all_finite, tightest
-from ..._controllers import AbstractController, PIDController
+from ..._controllers import AbstractController, PIDController, all_positive_finite
 from ..._steppers._base import AbstractStepper, Step
 from ..._types import Args, Scalar, VectorField, Y
 
@@ -152,7 +153,9 @@ class MaxNormController(AbstractController):
         return self.controller.reject(t0, t1, dt, state)
 
     def valid(self):
-        return self.controller.valid()
+        # The sensitivities' own tolerances may be traced: checked here, as the controller's.
+        own = [all_positive_finite(x) for x in (self.rtol, self.atol) if x is not None]
+        return functools.reduce(jnp.logical_and, own, jnp.asarray(self.controller.valid()))
 
     def adapt(
         self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
