@@ -124,6 +124,22 @@ def test_traced_sensitivity_tolerances():
     np.testing.assert_allclose(traced, -2.0 / (1 + 0.5 * 2.0) ** 2, rtol=1e-7)
 
 
+@pytest.mark.parametrize("name", ["radau", "kvaerno5", "bdf", "tsit5"])
+def test_wrapped_steppers_are_held_to_the_steppers_tolerances(name):
+    """The steppers that wrap a stepper (the sensitivities' augmented steps; the seminorm of
+    the continuous adjoints' backward solve) are judged at the tolerances the stepper holds
+    its own steps to: the same map of `rtol` (Radau5's error estimate and step proposals
+    disagreed with the controller otherwise, and a backward solve rejected most steps)."""
+    from odeckpt._adjoints._backsolve._problem import Seminorm
+    from odeckpt._adjoints._sensitivity._stepper import SensitivityStepper
+    from odeckpt._steppers import STEPPERS
+
+    inner = STEPPERS[name]()
+    for wrapper in (SensitivityStepper(inner), Seminorm(inner)):
+        assert wrapper.tolerance_exponent == inner.tolerance_exponent
+        assert wrapper.tolerance_reference == inner.tolerance_reference
+
+
 def test_invalid_traced_sensitivity_tolerances_fail():
     """Traced tolerances that are not positive and finite, which `ForwardSensitivity` cannot
     check when it is made, fail the derivative (NaN; an error with `throw=True`), lane by

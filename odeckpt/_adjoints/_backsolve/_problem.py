@@ -70,6 +70,7 @@ class Seminorm(AbstractStepper):
     fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
     dense_degree = property(lambda self: self.inner.dense_degree)
     tolerance_exponent = property(lambda self: self.inner.tolerance_exponent)
+    tolerance_reference = property(lambda self: self.inner.tolerance_reference)
 
     def init(self, f, t0, y0, args):
         return self.inner.init(f, t0, y0, args)

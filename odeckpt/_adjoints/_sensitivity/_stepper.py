@@ -64,6 +64,9 @@ class SensitivityStepper(AbstractStepper):
     error_order = property(lambda self: self.stepper.error_order)
     fn_evals_per_step = property(lambda self: self.stepper.fn_evals_per_step)
     dense_degree = property(lambda self: self.stepper.dense_degree)
+    # The augmented steps are held to the tolerances the stepper holds its own steps to.
+    tolerance_exponent = property(lambda self: self.stepper.tolerance_exponent)
+    tolerance_reference = property(lambda self: self.stepper.tolerance_reference)
 
     def init(self, f, t0, y0: Augmented, args: SensitivityArgs) -> SensitivityState:
         inner = self.stepper
