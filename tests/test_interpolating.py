@@ -218,9 +218,7 @@ _HELD = [(adjoint, solver) for adjoint in (InterpolatingAdjoint, odeckpt.Backsol
 
 @pytest.mark.parametrize(
     "adjoint, solver",
-    slow_unless(
-        _HELD, fast={(InterpolatingAdjoint, "radau"), (odeckpt.BacksolveAdjoint, "kvaerno5")}
-    ),
+    slow_unless(_HELD, fast={(InterpolatingAdjoint, "radau")}),
 )
 def test_backward_tolerances_hold_the_implicit_stepper(adjoint, solver):
     """A backward solve (and its forward re-solves) at tolerances far tighter than the forward
