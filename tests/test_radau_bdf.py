@@ -464,7 +464,7 @@ def test_error_falls_about_a_decade_per_decade_of_rtol(name, problem):
     """Every stiff stepper on Robertson (t1 = 1e11, atol = 1e-4 rtol) and Van der Pol (mu =
     1000, atol = rtol): the error at t1 against rtol has a slope between 0.7 and 1.5 on a
     log-log fit over three or four decades (`AbstractStepper.tolerance_exponent` makes it so;
-    the slopes and constants are in docs/index.md). The trapezoidal rule is not L-stable and
+    the slopes and constants are in docs/guide.md). The trapezoidal rule is not L-stable and
     fails on Robertson; implicit Euler, first order, is checked where it takes few steps."""
     rtols = (1e-3, 3e-4, 1e-4) if name == "implicit_euler" else (1e-5, 1e-6, 1e-7, 1e-8)
     if (name, problem) == ("radau", "vdpol"):
