@@ -119,6 +119,7 @@ class ContinuousAdjoint(AbstractAdjoint):
             )
         controller = self._controller(loop.controller)
         stepper = loop.stepper if self.solver is None else self.solver
+        held = loop.stepper
         if isinstance(controller, PIDController):
             if stepper.error_order is None:
                 raise ValueError(
@@ -126,11 +127,13 @@ class ContinuousAdjoint(AbstractAdjoint):
                     "estimate for the adaptive backward solve. Fix: pass "
                     f"`{name}(solver=odeckpt.Tsit5())` or another adaptive stepper."
                 )
-            # Newton's increments (and a proposer's steps) are measured at the backward
-            # tolerances, not at the stepper's standalone defaults, nor at the forward solve's
-            # that the forward stepper was given.
-            stepper = with_newton_tolerances(stepper, controller.rtol, controller.atol,
-                                             replace=self.solver is None)  # fmt: skip
+            # The forward stepper, run backwards or in re-solves at the backward tolerances, is
+            # held to them (Newton's increments, a proposer's steps), not to the forward solve's.
+            held = with_newton_tolerances(held, controller.rtol, controller.atol, replace=True)
+            # A stepper of its own is measured at the backward tolerances, not at its
+            # standalone defaults (unless it sets its own).
+            stepper = held if self.solver is None else with_newton_tolerances(
+                self.solver, controller.rtol, controller.atol)  # fmt: skip
         failure = (
             f"{name}: the backward (adjoint) solve failed (max_steps reached, step size "
             "underflow, a non-finite adjoint, the reconstructed state drifted from the "
@@ -140,11 +143,7 @@ class ContinuousAdjoint(AbstractAdjoint):
             "whose gradients do not solve a backward ODE."
         )
         window_controller = self.resolve_controller(loop, controller)
-        window_stepper = loop.stepper
-        if window_controller is controller and isinstance(controller, PIDController):
-            # Re-solves at the backward tolerances hold the forward stepper to them.
-            window_stepper = with_newton_tolerances(loop.stepper, controller.rtol, controller.atol,
-                                                    replace=True)  # fmt: skip
+        window_stepper = held if window_controller is controller else loop.stepper
         return BackwardSetup(
             stepper=stepper, controller=controller, window_stepper=window_stepper,
             window_controller=window_controller,
