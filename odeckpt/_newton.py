@@ -8,9 +8,11 @@ raveled into one vector, each complex number as its real and imaginary parts: se
 stages as one system, with the real and the complex factorisation that `prepare` makes on
 request). Their solution is differentiated by the implicit function theorem, never through the
 iterations: the derivative of `z` is one linear solve with the exact matrix `d residual / dz`
-(for a stage, `I - hg df/dz`) at the converged `z`, in a form JAX can transpose
-(`jax.lax.custom_linear_solve` on one LU factorisation), so that forward mode (`jax.jvp`) and
-reverse mode (`jax.vjp`, whose transpose reuses the same factorisation) both work.
+(for a stage, `I - hg df/dz`, with `df/dz` from `jax.jacfwd` of `f` even where Newton's
+iteration used a user's `jac`, which may be approximate) at the converged `z`, in a form JAX
+can transpose (`jax.lax.custom_linear_solve` on one LU factorisation), so that forward mode
+(`jax.jvp`) and reverse mode (`jax.vjp`, whose transpose reuses the same factorisation) both
+work.
 
 **References:** E. Hairer & G. Wanner, *Solving Ordinary Differential Equations II*, 2nd ed.
 (1996), Sec. IV.8 (simplified Newton iterations, their stopping and divergence criteria, and
@@ -77,19 +79,28 @@ class FlatField(eqx.Module):
         return self.coordinates.unravel(z)
 
 
+def exact_jacobian(field: FlatField, t: Scalar, z: Array, args: Args) -> Array:
+    """`df/dz` of `field` at `(t, z)`, by `jax.jacfwd`."""
+    return jax.jacfwd(field, argnums=1)(t, z, args)
+
+
 class Jacobian(eqx.Module):
     """`df/dy` as an `(m, m)` matrix in real coordinates (`m` = the real state's size, or twice
     the complex components' count plus the real ones'): `jax.jacfwd` of the field, or the
     user's `jac(t, y, args)` (which receives the state in its original structure). For a state
     with complex leaves the user may return either that real matrix (exact for any field) or
     the complex `(n, n)` matrix `df_i/dy_j` over its `n` components (exact for holomorphic
-    fields)."""
+    fields).
+
+    The matrix of Newton's iteration (and of a Rosenbrock step's formula): a user's `jac` may
+    be approximate or stale, so the derivatives of converged stages never use it
+    (`AbstractSystem.matrix` takes `exact_jacobian`)."""
 
     jac: Callable | None = eqx.field(static=True)
 
     def __call__(self, field: FlatField, t: Scalar, z: Array, args: Args) -> Array:
         if self.jac is None:
-            return jax.jacfwd(field, argnums=1)(t, z, args)
+            return exact_jacobian(field, t, z, args)
         out = jnp.asarray(self.jac(t, field.unravel(z), args))
         coordinates = field.coordinates
         m, n = z.shape[0], coordinates.num_components
@@ -117,8 +128,10 @@ class AbstractSystem(eqx.Module):
         """The residual at `z`; zero at the solution."""
 
     @abc.abstractmethod
-    def matrix(self, jacobian: "Jacobian", z: Array) -> Array:
-        """The exact derivative `d residual / dz` at `z`, as a dense matrix."""
+    def matrix(self, z: Array) -> Array:
+        """The exact derivative `d residual / dz` at `z`, as a dense matrix (from
+        `exact_jacobian`, never a user's `jac`: the implicit function theorem needs the
+        derivative itself)."""
 
     @abc.abstractmethod
     def num_components(self) -> int:
@@ -142,10 +155,10 @@ class Stage(AbstractSystem):
     def residual(self, z: Array) -> Array:
         return z - self.base - jnp.asarray(self.hg, z.dtype) * self.field(self.t, z, self.args)
 
-    def matrix(self, jacobian: "Jacobian", z: Array) -> Array:
+    def matrix(self, z: Array) -> Array:
         hg = jnp.asarray(self.hg, z.dtype)
         identity = jnp.eye(z.shape[0], dtype=z.dtype)
-        return identity - hg * jacobian(self.field, self.t, z, self.args)
+        return identity - hg * exact_jacobian(self.field, self.t, z, self.args)
 
     def num_components(self) -> int:
         return self.field.coordinates.num_components
@@ -161,7 +174,9 @@ class Iteration(eqx.Module):
     rate: Scalar
     """Largest contraction factor `||dz_k|| / ||dz_{k-1}||` observed (0 after one iteration)."""
     eta: Scalar
-    """Hairer and Wanner's `eta = theta / (1 - theta)`, which starts the next stage's test."""
+    """Hairer and Wanner's `eta = theta / (1 - theta)` of the largest contraction factor
+    observed (after a single iteration, the estimate it started from), which starts the next
+    stage's test."""
     num_iterations: IntScalar
     """Iterations taken, each one evaluation of the vector field."""
     nonfinite: BoolScalar
@@ -259,12 +274,10 @@ class AbstractNewton(eqx.Module):
         `cache` (a stepper may then keep its step size to save them)."""
 
     @abc.abstractmethod
-    def tangent(
-        self, jacobian: Jacobian, system: AbstractSystem, z: Array, rhs: Array, factors
-    ) -> Array:
+    def tangent(self, system: AbstractSystem, z: Array, rhs: Array, factors) -> Array:
         """`(d residual / dz (z))^{-1} rhs` (for a `Stage`: `(I - hg df/dz(z))^{-1} rhs`),
         linear in `rhs` (and transposable, except where a method says otherwise); `factors`
-        are the attempt's `Prepared.factors`."""
+        are the attempt's `Prepared.factors` (of a matrix that may be approximate)."""
 
     def refreshed(self, cache: Y) -> Y:
         """`cache`, asking for a Jacobian at the next attempt (unchanged for a method that
@@ -290,7 +303,6 @@ class AbstractNewton(eqx.Module):
 
     def solve(
         self,
-        jacobian: Jacobian,
         stage: AbstractSystem,
         guess: Array,
         prepared: Prepared,
@@ -309,7 +321,7 @@ class AbstractNewton(eqx.Module):
         z = jax.lax.stop_gradient(z)
         factors = no_grad(prepared.factors)
         # The method's settings (tolerances, which may be traced arrays) are not differentiated.
-        value = _stage_value(stage, z, factors, newton=no_grad(self), jacobian=jacobian)
+        value = _stage_value(stage, z, factors, newton=no_grad(self))
         return value, info
 
     def _iterate(self, stage, guess, prepared, scale, eta0, skip) -> tuple[Array, Iteration]:
@@ -350,32 +362,36 @@ class AbstractNewton(eqx.Module):
         )  # fmt: skip
         final = jax.lax.while_loop(cond, body, carry)
         nonfinite = ~final.converged & ~jnp.isfinite(final.last_size)
+        # The next test starts from the slowest contraction seen, not the last: where the
+        # iterate became exact (linear stages, or components that others drive but that drive
+        # none, as an adjoint's parameter integral) the last factor is rounding noise, and the
+        # next stage, trusting it, would stop after one iteration short of the tolerance.
+        slowest = final.rate / jnp.where(final.rate < 1, 1 - final.rate, 1.0)
+        eta = jnp.where(final.num_iterations > 1, jnp.maximum(final.eta, slowest), final.eta)
         return final.z, Iteration(
-            converged=final.converged, rate=final.rate, eta=final.eta,
+            converged=final.converged, rate=final.rate, eta=eta,
             num_iterations=final.num_iterations, nonfinite=nonfinite,
         )  # fmt: skip
 
 
 @eqx.filter_custom_jvp
-def _stage_value(
-    stage: AbstractSystem, z: Array, factors, *, newton: AbstractNewton, jacobian: Jacobian
-) -> Array:
+def _stage_value(stage: AbstractSystem, z: Array, factors, *, newton: AbstractNewton) -> Array:
     """`z`, the converged solution of `stage`, with the derivative of the exact solution."""
-    del stage, factors, newton, jacobian
+    del stage, factors, newton
     return z
 
 
 @_stage_value.def_jvp
-def _stage_value_jvp(primals, tangents, *, newton: AbstractNewton, jacobian: Jacobian):
+def _stage_value_jvp(primals, tangents, *, newton: AbstractNewton):
     # Implicit function theorem: G(z, p) = 0 gives dz = -(dG/dz)^{-1} (dG/dp dp).
     stage, z, factors = primals
     d_stage, _, _ = tangents
     # `z` arrives without derivatives (the iteration is not differentiated); taken through
     # `_stage_value` again, it carries those of an enclosing differentiation, so that the
     # tangent below, a function of `z`, has the right derivatives too (second derivatives).
-    z = _stage_value(stage, z, factors, newton=newton, jacobian=jacobian)
+    z = _stage_value(stage, z, factors, newton=newton)
     _, rhs = eqx.filter_jvp(lambda s: s.residual(z), (stage,), (d_stage,))
-    return z, -newton.tangent(jacobian, stage, z, rhs, factors)
+    return z, -newton.tangent(stage, z, rhs, factors)
 
 
 class ShiftedLU(eqx.Module):
@@ -450,12 +466,12 @@ class Newton(AbstractNewton):
         when the Jacobian is expensive; see `docs/architecture.md` for why a lax value costs
         more than it saves).
     - `tangent_solve`: how a stage's derivative (implicit function theorem) is solved:
-        `"exact"` with a Jacobian evaluated at the stage and its LU factors (transposable:
-        reverse mode); `"staggered"` by iterating with the step's LU factors and exact
-        Jacobian-vector products until the increments are below the tolerances (the
-        staggered corrector of forward sensitivity analysis: no extra Jacobian or
-        factorisation; forward mode only). `odeckpt.ForwardSensitivity` selects
-        `"staggered"`.
+        `"exact"` with `jax.jacfwd` of the vector field at the stage (never the stepper's
+        `jac=`, which may be approximate) and its LU factors (transposable: reverse mode);
+        `"staggered"` by iterating with the step's LU factors and exact Jacobian-vector
+        products until the increments are below the tolerances (the staggered corrector of
+        forward sensitivity analysis: no extra Jacobian or factorisation; forward mode
+        only). `odeckpt.ForwardSensitivity` selects `"staggered"`.
 
     **Example:**
 
@@ -543,10 +559,10 @@ class Newton(AbstractNewton):
     def reuses_factors(self, cache):
         return ~cache.refresh
 
-    def tangent(self, jacobian, system, z, rhs, factors):
+    def tangent(self, system, z, rhs, factors):
         if self.tangent_solve == "staggered" and isinstance(system, Stage):
             return self._staggered(system, z, rhs, factors)
-        return lu_solver(system.matrix(jacobian, z))(rhs)
+        return lu_solver(system.matrix(z))(rhs)
 
     def _staggered(self, stage: Stage, z: Array, rhs: Array, factors) -> Array:
         """`(I - hg J(z))^{-1} rhs` by the iteration `x <- x + M^{-1} (rhs - (I - hg J(z)) x)`
@@ -709,7 +725,7 @@ class NewtonKrylov(AbstractNewton):
     def reuses_factors(self, cache):
         return jnp.array(False)
 
-    def tangent(self, jacobian, system, z, rhs, factors):
+    def tangent(self, system, z, rhs, factors):
         del factors
         structure = jax.ShapeDtypeStruct(z.shape, z.dtype)
         gmres = self._gmres(self.tangent_rtol)

@@ -16,7 +16,7 @@ from .._real_coordinates import RealCoordinates
 from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._esdirk import ImplicitState
-from ._implicit import AbstractProposer, check_jac, check_tolerances
+from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
 
 MAX_ORDER = 5
 _MIN_FACTOR, _MAX_FACTOR = 0.2, 10.0
@@ -270,7 +270,7 @@ class BDF(AbstractProposer):
         prepared = newton.prepare(jacobian, field, t0, y0_flat, args, c, state.implicit.cache)
         stage = Stage(field, t1, c, predicted - psi, args)
         scale = newton.scale(field.coordinates, y0_flat)
-        z, info = newton.solve(jacobian, stage, predicted, prepared, scale, state.implicit.eta)
+        z, info = newton.solve(stage, predicted, prepared, scale, state.implicit.eta)
         d = z - predicted
         y1 = field.unravel(z)
         y_error = jnp.asarray(coefficients.error, dtype)[k] * d
@@ -279,8 +279,7 @@ class BDF(AbstractProposer):
         failed = ~info.converged
         on_accept, on_reject = newton.next_caches(prepared.cache, failed, info.rate)
         # f(t1, y1) from the implicit equation, as ESDIRK steppers take theirs.
-        safe_c = jnp.asarray(jnp.where(c == 0, 1, c), dtype)
-        f1 = field.unravel((z - stage.base) / safe_c)
+        f1 = field.unravel(per_step(z - stage.base, c))
         accepted = BDFState(
             implicit=ImplicitState(f1, on_accept, info.eta), differences=differences, h=h,
             order=jnp.where(choice.ready, choice.order, k), equal_steps=choice.equal_steps,

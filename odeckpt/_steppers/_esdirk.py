@@ -14,7 +14,7 @@ from .._newton import AbstractNewton, FlatField, Jacobian, Stage
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
-from ._implicit import AbstractImplicit
+from ._implicit import AbstractImplicit, per_step
 from ._implicit_tableau import ESDIRKTableau
 
 
@@ -119,8 +119,6 @@ class AbstractESDIRK(AbstractImplicit):
         newton = self.held_newton(y0_flat.dtype)
         prepared = newton.prepare(jacobian, field, t0, y0_flat, args, hg, state.cache)
         scale = newton.scale(field.coordinates, y0_flat)
-        # A zero-length step (a finished lane under vmap) has z = base: k = 0, never 0/0.
-        safe_hg = jnp.asarray(jnp.where(hg == 0, 1, hg), y0_flat.dtype)
         dtype = y0_flat.dtype
         s = tableau.num_stages
         ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(field.ravel(state.f))
@@ -136,10 +134,9 @@ class AbstractESDIRK(AbstractImplicit):
             t = jnp.where(c == 1, t1, t0 + c * h)
             # After a failed stage the step is retried shorter: the rest are not worth solving.
             system = Stage(field, t, hg, base, args)
-            z, info = newton.solve(
-                jacobian, system, guess, prepared, scale, carry.eta, carry.failed
-            )
-            ks = carry.ks.at[i].set((z - base) / safe_hg)
+            z, info = newton.solve(system, guess, prepared, scale, carry.eta, carry.failed)
+            # A zero-length step (a finished lane under vmap) has z = base: k = 0, never 0/0.
+            ks = carry.ks.at[i].set(per_step(z - base, hg))
             rate = jnp.maximum(carry.rate, info.rate)
             evals = carry.num_fn_evals + info.num_iterations
             failed, nonfinite = carry.failed | ~info.converged, carry.nonfinite | info.nonfinite

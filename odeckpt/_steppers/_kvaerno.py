@@ -147,7 +147,9 @@ class Kvaerno3(AbstractESDIRK):
         reused across steps; the default) or `odeckpt.NewtonKrylov()` (matrix-free).
     - `jac`: optional `jac(t, y, args) -> (n, n)` Jacobian of `f` with respect to the raveled
         state; `None` uses `jax.jacfwd`. For a complex state, either the complex `(n, n)` matrix
-        (holomorphic `f`) or the real one over the real and imaginary parts (any `f`).
+        (holomorphic `f`) or the real one over the real and imaginary parts (any `f`). Only
+        Newton's iteration uses it, so it may be approximate or stale; derivatives use the
+        exact Jacobian.
 
     **Example:**
 

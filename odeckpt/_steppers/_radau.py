@@ -21,13 +21,14 @@ from .._newton import (
     Jacobian,
     Newton,
     Prepared,
+    exact_jacobian,
     no_grad,
 )
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._esdirk import ImplicitState
-from ._implicit import AbstractProposer, check_jac, check_tolerances
+from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
 from ._radau_tableau import RADAU_IIA_5, CollocationTableau
 
 _SAFETY = 0.9
@@ -84,8 +85,8 @@ class Collocation(AbstractSystem):
         h = jnp.asarray(self.h, z.dtype)
         return (z.reshape(3, -1) - h * (self.a @ derivatives)).reshape(-1)
 
-    def matrix(self, jacobian: Jacobian, z: Array) -> Array:
-        at = lambda t, y: jacobian(self.field, t, y, self.args)
+    def matrix(self, z: Array) -> Array:
+        at = lambda t, y: exact_jacobian(self.field, t, y, self.args)
         jacobians = jax.vmap(at)(self.ts, self._values(z))
         blocks = jnp.einsum("ij,jrc->irjc", self.a, jacobians)
         size = z.shape[0]
@@ -229,8 +230,7 @@ class Radau5(AbstractProposer):
         failed = ~info.converged
         on_accept, on_reject = self.newton.next_caches(solved.prepared.cache, failed, info.rate)
         # f(t1, y1) from the stages (the collocation equations), as ESDIRK steppers take theirs.
-        safe_h = jnp.asarray(jnp.where(h == 0, 1, h), dtype)
-        f1 = field.unravel(jnp.asarray(tableau.derivative, dtype) @ z / safe_h)
+        f1 = field.unravel(per_step(jnp.asarray(tableau.derivative, dtype) @ z, h))
         accepted = RadauState(
             implicit=ImplicitState(f1, on_accept, info.eta),
             collocation=jnp.asarray(tableau.dense, dtype) @ z, h=h,
@@ -270,7 +270,7 @@ class Radau5(AbstractProposer):
         transformed = dataclasses.replace(prepared, solve=_transformed_solve(prepared, tableau))
         scale = jnp.tile(newton.scale(field.coordinates, y0), 3)
         guess = _starting_values(tableau, state, h).reshape(-1)
-        z, info = newton.solve(jacobian, system, guess, transformed, scale, state.implicit.eta)
+        z, info = newton.solve(system, guess, transformed, scale, state.implicit.eta)
         return Stages(system, z.reshape(3, -1), info, prepared)
 
     def _estimate(self, solved: Stages, t0: Scalar, y0: Y, y1: Y, state: RadauState) -> Estimate:
