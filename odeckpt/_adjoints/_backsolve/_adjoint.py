@@ -34,7 +34,10 @@ class BacksolveAdjoint(ContinuousAdjoint):
     - `checkpoints`: number of forward states stored (at the first step ends past `k` evenly
         spaced times) to re-anchor the reconstructed state, or to start the forward re-solves
         from; `None` stores none.
-    - `seminorm`: leave the parameter integral out of the backward error estimate.
+    - `seminorm`: leave the parameter integral out of the backward error estimate when `y` is
+        integrated backwards beside it (its error follows the integrand's changes in time).
+        With `y` re-solved forwards the adjoint alone would be measured, which misses them (a
+        forcing of `f`), and the integral stays in.
     - `reconstruct`: how the backward solve obtains `y(t)`: `"backward"` integrates it
         backwards with the adjoint (re-anchored at the stored states); `"forward"` re-solves
         it forwards from the stored states and reads it from the last `window` steps' dense

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from ..._controllers import ConstantStep, PIDController
 from ..._error_norm import per_leaf, rms
 from ..._integrate import IntegrationLoop
+from ..._landing import after, before
 from ..._loop_state import LoopState
 from ..._outputs import Outputs
 from ..._saveat import SaveAt
@@ -101,8 +102,21 @@ class Backward(eqx.Module):
         f0 = state_part(s0, rest, args)
         return controller.init(state_part, s0, rest, f0, args, stepper, None)[0]
 
+    def last_jump(self, tau):
+        """The last of the forward solve's known discontinuities `jump_ts` at or below `tau`
+        (`-inf` if none). The backward solve crosses one as the forward solve does: a stretch
+        ends on its near side and the next starts on its far side, so no stage sees across it."""
+        jump_ts = self.loop.jump_ts
+        if jump_ts is None:
+            return jnp.full_like(tau, -jnp.inf)
+        index = jnp.searchsorted(jump_ts, tau, side="right") - 1
+        return jnp.where(index >= 0, jump_ts[jnp.maximum(index, 0)], -jnp.inf)
+
     def apply(self, j, y, a, g):
         return self.stops.apply(j, self.loop.stepper, self.problem, self.diff, y, a, g)
+
+    def jump_cotangents(self, j, y, a, ct):
+        return self.stops.jump_cotangents(j, self.problem, self.diff, y, a, ct)
 
     def drift_at(self, j, y) -> BackwardStats:
         """`drift` of the reconstructed state `y` at stop `j` (0 if `j` holds no forward
@@ -136,38 +150,47 @@ class Backward(eqx.Module):
 class _AugmentedCarry(NamedTuple):
     """The carry of `solve_backwards`: the next stop (its place in `Stops.order`), the backward
     time `s = -t` reached, the augmented state `(y, a, g)` there, the step size to go on with,
-    and the stats so far."""
+    the stats so far, and the cotangents of the jump times taken so far."""
 
     next_stop: jax.Array
     s: jax.Array
     z: tuple
     dt: jax.Array
     stats: BackwardStats
+    ct_jumps: jax.Array | None
 
 
-def solve_backwards(backward: Backward, z) -> tuple:
+def solve_backwards(backward: Backward, z, ct_jumps=None) -> tuple:
     """Integrate the augmented system `z = (y, a, g)` from the final time back to `t0`,
-    stopping at every stop (in decreasing time) to re-anchor `y` and add the jumps. Returns
-    `(a, g)` at `t0` and the `BackwardStats`."""
+    stopping at every stop (in decreasing time) to re-anchor `y` and add the jumps, and adding
+    the jump times' cotangents to `ct_jumps` (`None` without jump times). Returns
+    `(a, g, ct_jumps)` at `t0` and the `BackwardStats`."""
     problem, diff, stops = backward.problem, backward.diff, backward.stops
 
     def body(carry: _AugmentedCarry) -> _AugmentedCarry:
         j = stops.order[carry.next_stop]
         s_stop = jnp.maximum(-stops.times[j], carry.s)
+        jump = backward.last_jump(-carry.s)
+        s_jump = -after(jnp, jump)
+        s_end = jnp.minimum(s_stop, jnp.maximum(s_jump, carry.s))
         z, dt, segment = backward.segment(
-            problem.augmented, diff, carry.s, s_stop, carry.z, carry.dt
+            problem.augmented, diff, carry.s, s_end, carry.z, carry.dt
         )
+        reached = s_end >= s_stop
+        j = jnp.where(reached, j, -1)
         drift = backward.drift_at(j, z[0])
         z = backward.apply(j, *z)
+        ct = backward.jump_cotangents(j, z[0], z[1], carry.ct_jumps)
+        s = jnp.where(s_end >= s_jump, -before(jnp, jump), s_end)
         stats = carry.stats.add(segment).add(drift)
-        return _AugmentedCarry(carry.next_stop + 1, s_stop, z, dt, stats)
+        return _AugmentedCarry(carry.next_stop + reached, s, z, dt, stats, ct)
 
     s0 = -backward.final.t
     dt = backward.first_dt(problem.augmented, s0, z, diff)
     stats = BackwardStats.none(backward.init.t.dtype)
-    carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, stats)
+    carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, stats, ct_jumps)
     done = jax.lax.while_loop(lambda c: c.next_stop < stops.count, body, carry)
-    return done.z[1:], done.stats
+    return (*done.z[1:], done.ct_jumps), done.stats
 
 
 def resolve_from_start(backward: Backward) -> tuple[StoredStates, BackwardStats]:
@@ -187,7 +210,7 @@ def resolve_from_start(backward: Backward) -> tuple[StoredStates, BackwardStats]
 class _AdjointCarry(NamedTuple):
     """The carry of `solve_with_forward_states`: the next stop (its place in `Stops.order`),
     the time `tau` reached, `(a, g)` there, the step size to go on with, the window of forward
-    states held, and the stats so far."""
+    states held, the stats so far, and the cotangents of the jump times taken so far."""
 
     next_stop: jax.Array
     tau: jax.Array
@@ -195,14 +218,18 @@ class _AdjointCarry(NamedTuple):
     dt: jax.Array
     window: Window
     stats: BackwardStats
+    ct_jumps: jax.Array | None
 
 
-def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a_g) -> tuple:
+def solve_with_forward_states(
+    backward: Backward, stored: StoredStates | None, a_g, ct_jumps=None
+) -> tuple:
     """The backward solve of `(a, g)` alone, with `y(t)` from forward re-solves: each iteration
     takes the window ending at the current time (re-solved from the latest stored state before
     it, if the window held does not reach below that time), integrates down to the next stop
-    or the window's start, and adds the stop's jumps. With `setup.restart` the windows start
-    from the states of a re-solve from `t0` instead of `stored`. Returns `(a, g)` at `t0` and
+    or the window's start, and adds the stop's jumps and jump times' cotangents (to
+    `ct_jumps`, `None` without jump times). With `setup.restart` the windows start from the
+    states of a re-solve from `t0` instead of `stored`. Returns `(a, g, ct_jumps)` at `t0` and
     the `BackwardStats`."""
     setup, loop, init, final = backward.setup, backward.loop, backward.init, backward.final
     problem, diff, stops = backward.problem, backward.diff, backward.stops
@@ -229,19 +256,25 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
         tau, window = carry.tau, carry.window
         j = stops.order[carry.next_stop]
         tau_stop = jnp.minimum(stops.times[j], tau)
-        needed = (window.start >= tau) & (tau > tau_stop)
+        jump = backward.last_jump(tau)
+        tau_low = jnp.maximum(tau_stop, after(jnp, jump))
+        needed = (window.start >= tau) & (tau > tau_low)
         window, ok_window = jax.lax.cond(needed, refill, keep(window), tau)
         ok_window = ok_window & ((window.start < tau) | ~needed)
         # Not past `tau`: a stop at `tau` itself (a save at `t1`) leaves the window unfilled
         # (its start `inf`), and the segment is empty.
-        tau_end = jnp.minimum(jnp.maximum(tau_stop, window.start), tau)
+        tau_end = jnp.minimum(jnp.maximum(tau_low, window.start), tau)
         # Each stretch runs in the time `tau - t` from its start (its origin), which resolves
         # the fast transients a jump in `a` starts there however far `tau` lies from 0.
-        a_g, dt, segment = backward.segment(problem.adjoint, (diff, window, tau),
+        a_g, dt, segment = backward.segment(problem.adjoint, (diff, window, tau, tau_end),
                                             jnp.zeros_like(tau), tau - tau_end, carry.a_g,
                                             carry.dt)  # fmt: skip
         reached = tau_end <= tau_stop
         _, a, g = backward.apply(jnp.where(reached, j, -1), None, *a_g)
+        ct = carry.ct_jumps
+        if ct is not None:
+            y = window.evaluate(tau_end)
+            ct = backward.jump_cotangents(jnp.where(reached, j, -1), y, a, ct)
         no_drift = jnp.zeros((), final.t.dtype)
         window_stats = BackwardStats(ok_window, zero, zero, needed.astype(jnp.int32), no_drift)
         # The re-solved state against the forward one: where a new window ends, at the final
@@ -256,14 +289,15 @@ def solve_with_forward_states(backward: Backward, stored: StoredStates | None, a
         at_stop = backward.drift_at(jnp.where(covered, j, -1), window.evaluate(tau_end))
         next_stop = carry.next_stop + reached
         stats = carry.stats.add(segment).add(window_stats).add(at_end).add(at_stop)
-        return _AdjointCarry(next_stop, tau_end, (a, g), dt, window, stats)
+        tau_end = jnp.where(tau_end <= after(jnp, jump), before(jnp, jump), tau_end)
+        return _AdjointCarry(next_stop, tau_end, (a, g), dt, window, stats, ct)
 
     tau1 = final.t
     window = Window.empty(setup.window_loop(loop, problem, diff, tau1), tau1, final.y,
                           setup.window)  # fmt: skip
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
     dt = backward.first_dt(problem.adjoint_at(final.y, tau1), jnp.zeros_like(tau1), a_g, diff)
-    carry = _AdjointCarry(zero, tau1, a_g, dt, window, stats)
+    carry = _AdjointCarry(zero, tau1, a_g, dt, window, stats, ct_jumps)
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
     done = jax.lax.while_loop(cond, body, carry)
-    return done.a_g, done.stats
+    return (*done.a_g, done.ct_jumps), done.stats

@@ -13,7 +13,7 @@ from ..._controllers import AbstractController, PIDController
 from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
-from ..._steppers._implicit import with_newton_tolerances
+from ..._steppers._implicit import map_jac, with_newton_tolerances
 from ..._validate import count
 from .._base import AbstractAdjoint, GradientStats, RunResult
 from ._anchors import Anchoring
@@ -68,9 +68,11 @@ class ContinuousAdjoint(AbstractAdjoint):
         }
         for field, example in examples.items():
             value = known_values(f"{name}({field})", getattr(self, field))
-            if value is not None and not np.all(value > 0):
+            finite = field != "max_drift"  # an infinite drift allowance turns the check off
+            if value is not None and not np.all((value > 0) & (np.isfinite(value) | ~finite)):
+                kind = "positive and finite" if finite else "positive"
                 raise ValueError(
-                    f"{name}({field}={getattr(self, field)}) must be positive. Fix: pass e.g. "
+                    f"{name}({field}={getattr(self, field)}) must be {kind}. Fix: pass e.g. "
                     f"{name}({example})."
                 )
         if self.solver is not None and not isinstance(self.solver, AbstractStepper):
@@ -145,10 +147,18 @@ class ContinuousAdjoint(AbstractAdjoint):
         window_controller = self.resolve_controller(loop, controller)
         window_stepper = held if window_controller is controller else loop.stepper
         return BackwardSetup(
-            stepper=stepper, controller=controller, window_stepper=window_stepper,
+            # A user's `jac` is that of `f`, not of the backward system (`jax.jacfwd` of which
+            # serves); the windows re-solve `f` and keep it (`Problem.stepper_for_f`).
+            stepper=map_jac(stepper, lambda _: None), controller=controller,
+            window_stepper=window_stepper,
             window_controller=window_controller,
             restart=self.anchoring() if self.resolves_from_start else None,
-            seminorm=self.seminormed, reconstruct_forward=self.reconstructs_forward(stepper),
+            # The seminorm leaves the integral `g` to the error control of the rest. With `y`
+            # integrated backwards that holds `y`, whose derivative `-f` carries f's explicit
+            # dependence on time; with `y` read from re-solves it is the adjoint alone, which
+            # does not change at all where `f` does not depend on `y` (a forcing): `g` stays in.
+            seminorm=self.seminormed and not self.reconstructs_forward(stepper),
+            reconstruct_forward=self.reconstructs_forward(stepper),
             window=self.window, max_drift=self.max_drift, on_backward=self.on_backward,
             failure=failure,
         )  # fmt: skip

@@ -20,7 +20,7 @@ from ._anchors import Anchoring
 from ._backward import Backward, BackwardStats, solve_backwards, solve_with_forward_states
 from ._problem import Problem, pair
 from ._setup import BackwardSetup
-from ._stops import Stops, dense_stops, output_stops
+from ._stops import Stops, dense_stops, jump_stops, output_stops
 
 
 class BacksolveInputs(NamedTuple):
@@ -57,6 +57,14 @@ FORWARD_MODE_ERROR = (
 )
 
 
+SECOND_ORDER_ERROR = (
+    "The continuous adjoints (BacksolveAdjoint, InterpolatingAdjoint): reverse mode over their "
+    "gradient (jax.grad(jax.grad(f))) is not supported, as their backward solve is a while "
+    "loop, which JAX cannot reverse. Fix: take second derivatives forward over reverse, "
+    "`jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`."
+)
+
+
 def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, anchoring: Anchoring | None):
     """`(final state, outputs)` of the loop run from `inputs`, differentiable in reverse mode
     by solving the adjoint equations backwards (forward mode raises, naming the fix). The
@@ -77,7 +85,10 @@ def backsolve(inputs: BacksolveInputs, setup: BackwardSetup, anchoring: Anchorin
         return Sweeps(forward, reverse)
 
     primal = lambda arrays: _forward(whole(arrays).inputs, anchoring)[:2]
-    return differentiable(primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR)
+    return differentiable(
+        primal, sweeps, arrays, forward_error=FORWARD_MODE_ERROR,
+        second_order_error=SECOND_ORDER_ERROR,
+    )  # fmt: skip
 
 
 def _forward(inputs: BacksolveInputs, anchoring: Anchoring | None):
@@ -108,6 +119,10 @@ def _reverse(
     if setup.reconstruct_forward:
         kinds = [kind for kind in kinds if kind.jump_a is not None]
     dense = dense_stops(loop, init, final, outputs, ct_outputs)
+    jumps = jump_stops(loop, init, final)
+    # Jump stops first: at a time they share with another stop (the end of the step before a
+    # jump time, saved), the jump time's cotangent takes `a` from the side after the jump.
+    kinds = [*([jumps] if jumps is not None else []), *kinds]
     stops = Stops.make([*kinds, *([dense] if dense is not None else [])], init.t, init.y)
     backward = Backward(setup, loop, init, final, problem, diff, stops)
     g = jax.tree.map(jnp.zeros_like, diff)
@@ -115,17 +130,18 @@ def _reverse(
     ct_t_end = _ct_t_end(problem, diff, final, ct_final)
     if loop.events is not None:
         a, g, ct_t_end = _terminal_event(loop, problem, diff, final, ct_final, ct_t_end)
+    ct_jumps = None if jumps is None else jnp.zeros_like(loop.jump_ts)
     if setup.reconstruct_forward:
-        (a, g), stats = solve_with_forward_states(backward, stored, (a, g))
+        (a, g, ct_jumps), stats = solve_with_forward_states(backward, stored, (a, g), ct_jumps)
     else:
-        (a, g), stats = solve_backwards(backward, (final.y, a, g))
+        (a, g, ct_jumps), stats = solve_backwards(backward, (final.y, a, g), ct_jumps)
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
-    a, g = _checked(loop, final, stats, (a, g), setup.failure)
+    a, g, ct_jumps = _checked(loop, final, stats, (a, g, ct_jumps), setup.failure)
     g_f, g_args = g
     grad_loop = dataclasses.replace(
         empty(loop), f=g_f, args=g_args, t_end=ct_t_end,
-        ts=_ct_ts(loop, problem, diff, outputs, ct_outputs),
+        ts=_ct_ts(loop, problem, diff, outputs, ct_outputs), jump_ts=ct_jumps,
     )  # fmt: skip
     ct_t0 = -pair(a, problem.f(init.t, init.y, diff)).astype(init.t.dtype)
     grad_init = dataclasses.replace(empty(init), y=a, t=ct_t0)

@@ -2,12 +2,14 @@
 of cotangents."""
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from ..._steppers._base import AbstractStepper, Step
+from ..._steppers._implicit import map_jac
 from ..._types import Args, Scalar, Y
 
 
@@ -22,6 +24,11 @@ class Problem(eqx.Module):
         f, args = eqx.combine(diff, self.nondiff)
         return f(tau, y, args)
 
+    def stepper_for_f(self, stepper: AbstractStepper) -> AbstractStepper:
+        """`stepper`, a stepper of `f`, as one of `self.f`: its user `jac(t, y, args)` called
+        with the `args` that `diff` stands for."""
+        return map_jac(stepper, lambda jac: _JacobianOfF(jac, self.nondiff))
+
     def augmented(self, s, z, diff):
         """The system of `(y, a, g)`: `y` integrated backwards with the adjoint."""
         y, a, _ = z
@@ -32,10 +39,12 @@ class Problem(eqx.Module):
     def adjoint(self, s, z, args):
         """The system of `(a, g)` alone in the time `s = origin - tau` (which resolves short
         steps near `origin` however far it lies from 0), with `y(t)` read from a forward
-        window: `args = (diff, window, origin)`."""
+        window, and `tau` kept at or above `floor`, the end of the stretch (which `origin - s`
+        may round past, onto the far side of a known discontinuity):
+        `args = (diff, window, origin, floor)`."""
         a, _ = z
-        diff, window, origin = args
-        tau = origin - s
+        diff, window, origin, floor = args
+        tau = jnp.maximum(origin - s, floor)
         y = window.evaluate(tau)
         _, vjp = jax.vjp(lambda y, d: self.f(tau, y, d), y, diff)
         return vjp(a)
@@ -50,6 +59,17 @@ class Problem(eqx.Module):
             return vjp(a)
 
         return field
+
+
+class _JacobianOfF(eqx.Module):
+    """A user's `jac(t, y, args)` of `f` as the Jacobian of `Problem.f(tau, y, diff)`."""
+
+    jac: Callable
+    nondiff: Args
+
+    def __call__(self, tau, y, diff):
+        _, args = eqx.combine(diff, self.nondiff)
+        return self.jac(tau, y, args)
 
 
 class Seminorm(AbstractStepper):

@@ -19,7 +19,8 @@ class BackwardSetup(eqx.Module):
     **Fields:**
 
     - `stepper`, `controller`: the backward solve's (Newton tolerances set).
-    - `seminorm`: leave the parameter integral out of the error estimate.
+    - `seminorm`: leave the parameter integral out of the error estimate (only with `y`
+        integrated backwards).
     - `reconstruct_forward`: read `y(t)` from forward re-solves instead of integrating it
         backwards.
     - `window`: steps of dense output a forward re-solve keeps.
@@ -61,10 +62,11 @@ class BackwardSetup(eqx.Module):
         return IntegrationLoop(
             f=problem.f,
             args=diff,
-            stepper=self.window_stepper,
+            stepper=problem.stepper_for_f(self.window_stepper),
             controller=self.window_controller,
             t_end=t_end,
             ts=None,
             saveat=SaveAt(dense=True),
             max_steps=loop.max_steps,
+            jump_ts=loop.jump_ts,
         )

@@ -1,7 +1,8 @@
 """Where the backward solve of `BacksolveAdjoint` stops, in decreasing time: at saved outputs
 (their cotangents jump into the adjoint `a`), at stored forward states (which re-anchor `y`), at
 dense-output step starts (their cotangents pulled back to `a` and the parameter integral `g`),
-and at `t0`."""
+before the known discontinuities of `f` (where the cotangents of their times are taken), and
+at `t0`."""
 
 import equinox as eqx
 import jax
@@ -9,11 +10,12 @@ import jax.numpy as jnp
 
 from ..._checks import all_finite
 from ..._integrate import IntegrationLoop
+from ..._landing import after, before
 from ..._loop_state import LoopState
 from ..._outputs import Outputs
 from ..._steppers._base import AbstractStepper
 from ..._types import Y
-from ._problem import Problem
+from ._problem import Problem, pair
 
 
 class StoredStates(eqx.Module):
@@ -49,6 +51,8 @@ class DenseStops(eqx.Module):
         return jax.tree.map(lambda c: c[row, 0], self.coeffs)
 
     def pullback(self, stepper: AbstractStepper, problem: Problem, diff, row):
+        stepper = problem.stepper_for_f(stepper)
+
         def coeffs(y, d):
             t0, t1 = self.times[row], self.ends[row]
             f = lambda t, y, d: problem.f(t, y, d)
@@ -88,6 +92,42 @@ def dense_stops(
     return DenseStops(starts, valid, t_ends, coeffs, ct.dense.values)
 
 
+class JumpStops(eqx.Module):
+    """Stops at the last time before each known discontinuity `tau` of `f` (`jump_ts`) that
+    the forward solve landed on, where the step before it ended: there the cotangent of
+    `tau` is `a(tau) . (f(tau-, y) - f(tau+, y))`, since moving `tau` moves the state after it
+    by the change of the vector field there (`f` at the last time before `tau` and the first
+    after it, where the forward steps around it end and start)."""
+
+    jump_ts: jax.Array
+    valid: jax.Array
+
+    @property
+    def times(self) -> jax.Array:
+        return before(jnp, self.jump_ts)
+
+    def cotangents(self, problem: Problem, diff, here, row, y: Y, a: Y, ct: jax.Array):
+        """`ct` (the cotangents of `jump_ts`) plus, if `here`, the one of the jump time of
+        `row`: `a . (f- - f+)` with the state `y` and adjoint `a` there."""
+        tau = self.jump_ts[row]
+        change = jax.tree.map(
+            jnp.subtract, problem.f(before(jnp, tau), y, diff), problem.f(after(jnp, tau), y, diff)
+        )
+        value = jnp.where(here, pair(a, change), 0)
+        return ct.at[row].add(value.astype(ct.dtype))
+
+
+def jump_stops(loop: IntegrationLoop, init: LoopState, final: LoopState) -> JumpStops | None:
+    """The stops before the jump times the forward solve landed on (those inside the span it
+    covered, each value once: equal jump times are one discontinuity, and its cotangent goes to
+    the first, as the forward solve lands on it once)."""
+    if loop.jump_ts is None:
+        return None
+    jump_ts = loop.jump_ts
+    first = jnp.concatenate([jnp.ones((1,), bool), jump_ts[1:] != jump_ts[:-1]])
+    return JumpStops(jump_ts, first & (jump_ts > init.t) & (jump_ts < final.t))
+
+
 def _nonzero(ct: Y) -> jax.Array:
     """Whether any cotangent in `ct` is non-zero: an output nobody differentiates makes no
     stops."""
@@ -121,6 +161,8 @@ class Stops(eqx.Module):
     def apply(self, j, stepper: AbstractStepper, problem: Problem, diff, y, a, g):
         """Add the jumps of stop `j` to `a` and `g`, and re-anchor `y` (if not `None`)."""
         for kind, here, row in self._kinds_at(j):
+            if isinstance(kind, JumpStops):
+                continue
             if isinstance(kind, DenseStops):
                 jump_a, jump_g = kind.pullback(stepper, problem, diff, row)
                 a = jax.tree.map(jnp.add, a, _masked(here, jump_a))
@@ -140,7 +182,7 @@ class Stops(eqx.Module):
         for kind, here, row in self._kinds_at(j):
             if isinstance(kind, DenseStops):
                 value = kind.start_state(row)
-            elif kind.anchor is not None:
+            elif isinstance(kind, PointStops) and kind.anchor is not None:
                 value = _rows(kind.anchor, row)
             else:
                 continue
@@ -148,6 +190,15 @@ class Stops(eqx.Module):
             if like is not None:
                 like = _select(here, value, like)
         return anchored, like
+
+    def jump_cotangents(self, j, problem: Problem, diff, y: Y, a: Y, ct):
+        """`ct`, the cotangents of the jump times, plus the one taken at stop `j` (if it is
+        the stop before a jump time), with the state `y` and adjoint `a` there (`ct` is
+        `None` without jump times)."""
+        for kind, here, row in self._kinds_at(j):
+            if isinstance(kind, JumpStops):
+                ct = kind.cotangents(problem, diff, here, row, y, a, ct)
+        return ct
 
     def _kinds_at(self, j):
         """Each kind of stop, with whether stop `j` is of that kind and its row there."""
