@@ -102,10 +102,10 @@ class ForwardSensitivity(AbstractAdjoint):
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             known = known_values(f"ForwardSensitivity({name})", value)
-            if known is not None and not np.all(known > 0):
+            if known is not None and not np.all((known > 0) & np.isfinite(known)):
                 raise ValueError(
-                    f"ForwardSensitivity({name}={value!r}) must be positive, or None for the "
-                    "solve's own tolerance."
+                    f"ForwardSensitivity({name}={value!r}) must be positive and finite, or None "
+                    "for the solve's own tolerance."
                 )
 
     def run(self, loop, state, outputs):
@@ -121,7 +121,8 @@ class ForwardSensitivity(AbstractAdjoint):
         if events is not None:
             events = events.closure_converted("ForwardSensitivity", state.t, state.y, loop.args)
         loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper), events=events)
-        arguments = _Arguments(loop, state, outputs, (self.rtol, self.atol))
+        inputs = SensitivityInputs(loop, state, outputs)
+        arguments = _Arguments.of(inputs, (self.rtol, self.atol))
         arrays, static = eqx.partition(arguments, eqx.is_array)
         whole = lambda arrays: eqx.combine(arrays, static)
 
@@ -136,32 +137,52 @@ class ForwardSensitivity(AbstractAdjoint):
 
             def tangent(arrays, saved, t_arrays):
                 arguments = whole(arrays)
-                return _tangent(arguments.inputs, saved, t_arrays, arguments.tolerances)
+                return _tangent(arguments.inputs, saved, t_arrays.inputs, arguments.tolerances)
 
             def reverse(arrays, saved, ct_out, want):
                 arguments = whole(arrays)
                 ct = _reverse(arguments.inputs, saved, ct_out, want, arguments.tolerances)
-                return _Arguments(*ct, tolerances=None)
+                return _Arguments.of(ct, None)
 
             return Sweeps(forward, reverse, tangent)
 
-        final, outputs = differentiable(primal, sweeps, arrays)
+        final, outputs = differentiable(
+            primal, sweeps, arrays, second_order_error=SECOND_ORDER_ERROR
+        )
         return RunResult(final, outputs, GradientStats.none())
+
+
+SECOND_ORDER_ERROR = (
+    "ForwardSensitivity: reverse-mode differentiation of its derivatives, as "
+    "`jax.jacrev(jax.jacfwd(f))` or `jax.grad(jax.grad(f))` take it, is not supported: they are "
+    "sensitivity solves in a while loop, which JAX cannot reverse. Fix: take second "
+    "derivatives forward over reverse, `jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`, or "
+    "forward over forward, `jax.jacfwd(jax.jacfwd(f))`."
+)
 
 
 class _Arguments(NamedTuple):
     """What the rule is differentiated with respect to: the inputs, and the sensitivities'
     `(rtol, atol)` (`None` for the state's), which may be traced arrays and so must be
-    arguments of the rule, never values it closes over."""
+    arguments of the rule, never values it closes over. The loop's `jump_ts` are an entry of
+    their own: the reverse sweep integrates their sensitivities only when they are
+    differentiated (`want.jump_ts`)."""
 
     loop: IntegrationLoop
     init: LoopState
     outputs: Outputs
     tolerances: tuple
+    jump_ts: jax.Array | None
+
+    @classmethod
+    def of(cls, inputs: SensitivityInputs, tolerances) -> "_Arguments":
+        loop = dataclasses.replace(inputs.loop, jump_ts=None)
+        return cls(loop, inputs.init, inputs.outputs, tolerances, inputs.loop.jump_ts)
 
     @property
     def inputs(self) -> SensitivityInputs:
-        return SensitivityInputs(self.loop, self.init, self.outputs)
+        loop = dataclasses.replace(self.loop, jump_ts=self.jump_ts)
+        return SensitivityInputs(loop, self.init, self.outputs)
 
 
 def _staggered(stepper):
@@ -251,7 +272,7 @@ def _pair(ct, t):
     )
 
 
-def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, tolerances):
+def _reverse(inputs: SensitivityInputs, saved, ct_out, want: "_Arguments", tolerances):
     """The cotangents of the inputs: the Jacobian along every integrated input component (one
     sensitivity solve), contracted with the cotangent."""
     loop, init, outputs_in = inputs
@@ -262,12 +283,41 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
         theta = dataclasses.replace(theta, diff=jax.tree.map(lambda _: None, theta.diff))
     if not want.init:
         theta = dataclasses.replace(theta, y0=None, t0=None)
+    if not want.jump_ts:
+        theta = dataclasses.replace(theta, jump_ts=None)
     coordinates, flat = RealCoordinates.make(theta)
-    basis = jax.vmap(coordinates.unravel)(jnp.eye(flat.shape[0], dtype=flat.dtype))
-    sens = sensitivities(inputs, _completed(basis, inputs), tolerances)
-    sens = checked(loop, final, sens, sens)
     written = None if loop.ts is None else _written(inputs, outputs)
+    if flat.shape[0] == 0:
+        values = flat  # only times are differentiated: `dy/dt = f` needs no sensitivity
+    else:
+        basis = jax.vmap(coordinates.unravel)(jnp.eye(flat.shape[0], dtype=flat.dtype))
+        sens = sensitivities(inputs, _completed(basis, inputs), tolerances)
+        values = _contracted(checked(loop, final, sens, sens), ct_final, ct_outputs, written)
+    # A complex input's cotangent is (pairing with 1) - i (pairing with i).
+    ct_theta = jax.tree.map(jnp.conj, coordinates.unravel(values.astype(flat.dtype)))
+    times = lambda dt_end, dts: _times_part(inputs, saved, dt_end, dts)
+    dts0 = None if loop.ts is None else jnp.zeros_like(loop.ts)
+    ct_end, ct_ts = _times_transpose(times, loop.t_end, dts0, ct_final, ct_outputs)
+    empty = lambda tree: jax.tree.map(lambda _: None, tree)
+    ct_loop = empty(loop)
+    if want.loop:
+        g_f, g_args = ct_theta.diff
+        ct_loop = dataclasses.replace(ct_loop, f=g_f, args=g_args)
+    ct_end = ct_end + jnp.where(_fired(loop, final), 0, ct_final.t)
+    ct_loop = dataclasses.replace(ct_loop, t_end=ct_end, ts=ct_ts, jump_ts=ct_theta.jump_ts)
+    ct_init = empty(init)
+    if want.init:
+        ct_init = dataclasses.replace(ct_init, y=ct_theta.y0, t=ct_theta.t0)
+    ct_outputs_in = None
+    if loop.ts is not None and want.outputs:
+        kept = jax.tree.map(lambda c: jnp.where(_rows(written, c), 0, c), ct_outputs.ts)
+        ct_outputs_in = dataclasses.replace(empty(outputs_in), ts=kept)
+    return SensitivityInputs(ct_loop, ct_init, ct_outputs_in)
 
+
+def _contracted(sens, ct_final, ct_outputs, written) -> jax.Array:
+    """The cotangents of the integrated inputs' real coordinates: each direction's
+    sensitivities (leading axis) paired with the outputs' cotangents."""
     if sens.rows is not None:
         # Rows the loop does not write (the repeats of a save time) hold inf: 0 * inf is NaN.
         ct_rows = jax.tree.map(lambda c: jnp.where(_rows(written, c), c, 0), ct_outputs.ts)
@@ -280,27 +330,7 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: SensitivityInputs, 
             value = value + _pair(ct_rows, jax.tree.map(lambda s: s[:, k], rows))
         return value
 
-    values = jax.vmap(column)(jnp.arange(flat.shape[0]))
-    # A complex input's cotangent is (pairing with 1) - i (pairing with i).
-    ct_theta = jax.tree.map(jnp.conj, coordinates.unravel(values.astype(flat.dtype)))
-    times = lambda dt_end, dts: _times_part(inputs, saved, dt_end, dts)
-    dts0 = None if loop.ts is None else jnp.zeros_like(loop.ts)
-    ct_end, ct_ts = _times_transpose(times, loop.t_end, dts0, ct_final, ct_outputs)
-    empty = lambda tree: jax.tree.map(lambda _: None, tree)
-    ct_loop = empty(loop)
-    if want.loop:
-        g_f, g_args = ct_theta.diff
-        ct_loop = dataclasses.replace(ct_loop, f=g_f, args=g_args)
-    ct_end = ct_end + jnp.where(_fired(loop, final), 0, ct_final.t)
-    ct_loop = dataclasses.replace(ct_loop, t_end=ct_end, ts=ct_ts)
-    ct_init = empty(init)
-    if want.init:
-        ct_init = dataclasses.replace(ct_init, y=ct_theta.y0, t=ct_theta.t0)
-    ct_outputs_in = None
-    if loop.ts is not None and want.outputs:
-        kept = jax.tree.map(lambda c: jnp.where(_rows(written, c), 0, c), ct_outputs.ts)
-        ct_outputs_in = dataclasses.replace(empty(outputs_in), ts=kept)
-    return SensitivityInputs(ct_loop, ct_init, ct_outputs_in)
+    return jax.vmap(column)(jnp.arange(sens.t_end.shape[0]))
 
 
 def _times_transpose(times, t_end, dts0, ct_final, ct_outputs):

@@ -7,6 +7,10 @@ at the fixed time `tau*`), and the state there by `s + f dtau*/dp`. A jump `y+ =
 then gives `s+ = u_y (s- + f- dtau*) + u_p + (u_tau - f+) dtau*`: the sensitivity jump
 condition (Rozenvasser 1967; Galán, Feehery & Barton, "Parametric sensitivity functions for
 hybrid discrete/continuous systems", Appl. Numer. Math. 31 (1999)).
+
+A known discontinuity of `f` in time (one of `jump_ts`) is such a crossing whose time is an
+input: there the update is the identity and `dtau*` the jump time's own tangent, so
+`s+ = s- + (f- - f+) dtau*`.
 """
 
 import dataclasses
@@ -17,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._events import Event, EventSet
+from ..._landing import after, before
 from ..._types import Scalar, VectorField, Y
 from ._stepper import Augmented, SensitivityArgs, differentiable_part
 
@@ -86,3 +91,26 @@ def sensitivity_events(events: EventSet, f: VectorField) -> EventSet:
         return dataclasses.replace(event, fn=fn, update=update)
 
     return EventSet(tuple(map(wrapped, events.events)), direction)
+
+
+def sensitivity_jumps(f: VectorField, jump_ts: jax.Array) -> Callable:
+    """The `IntegrationLoop.jump_update` of the loop of `Augmented` states at the known
+    discontinuities `jump_ts` of `f` (sorted internal times, with `f` in internal time): the
+    state is unchanged, and the sensitivities jump by `(f- - f+) dtau` along each direction,
+    `dtau` the jump time's tangent (`SensitivityArgs.jump_directions`), `f-` and `f+` the
+    vector field at the last time before it and the first after it, where the steps around
+    it end and start."""
+
+    def update(tau, y: Augmented, args: SensitivityArgs) -> Augmented:
+        # Equal jump times are one discontinuity, landed on once: it moves with the first.
+        dtau = args.jump_directions[:, jnp.searchsorted(jump_ts, tau, side="left")]
+        change = jax.tree.map(
+            jnp.subtract, f(before(jnp, tau), y.y, args.args), f(after(jnp, tau), y.y, args.args)
+        )
+
+        def moved(s, c):
+            return s + dtau.reshape((-1,) + (1,) * c.ndim).astype(s.dtype) * c[None]
+
+        return Augmented(y.y, jax.tree.map(moved, y.s, change))
+
+    return update

@@ -17,7 +17,7 @@ from ..._outputs import Outputs
 from ..._status import Status
 from ..._types import Y
 from .._base import while_loop
-from ._events import crossing_tangents, sensitivity_events
+from ._events import crossing_tangents, sensitivity_events, sensitivity_jumps
 from ._stepper import (
     Augmented,
     MaxNormController,
@@ -61,12 +61,14 @@ class SensitivityInputs(NamedTuple):
 
 class Integrated(eqx.Module):
     """The inputs whose tangents the sensitivity equations carry: the initial state, the
-    parameters (inexact arrays of the vector field and of `args`) and the initial time. (The
-    final time and the save times enter the outputs' tangents through `f` at those times.)"""
+    parameters (inexact arrays of the vector field and of `args`), the initial time and the
+    known discontinuities `jump_ts` (`None`: none, or not differentiated). (The final time and
+    the save times enter the outputs' tangents through `f` at those times.)"""
 
     y0: object
     diff: object
     t0: object
+    jump_ts: object = None
 
 
 class Sensitivities(eqx.Module):
@@ -85,16 +87,17 @@ class Sensitivities(eqx.Module):
 
 def integrated(inputs: SensitivityInputs) -> Integrated:
     diff, _ = differentiable_part(inputs.loop.f, inputs.loop.args)
-    return Integrated(inputs.init.y, diff, inputs.init.t)
+    return Integrated(inputs.init.y, diff, inputs.init.t, inputs.loop.jump_ts)
 
 
 def _scale(theta: Integrated, span, direction: Integrated):
     """CVODES' parameter scaling of one direction: the largest `|d_j| / pbar_j` with `pbar_j =
-    |theta_j|` (1 where `theta_j = 0`; the span for the initial time), or 1 for a direction
-    with no integrated part. The scaled sensitivity `s / scale` is then held to the state's
-    tolerances."""
+    |theta_j|` (1 where `theta_j = 0`; the span for the initial time and the jump times), or
+    1 for a direction with no integrated part. The scaled sensitivity `s / scale` is then held
+    to the state's tolerances."""
     pbar = lambda x: jnp.where(x == 0, 1, jnp.abs(x))
-    theta = dataclasses.replace(theta, t0=span)
+    spans = None if theta.jump_ts is None else jnp.full_like(theta.jump_ts, span)
+    theta = dataclasses.replace(theta, t0=span, jump_ts=spans)
     ratios = jax.tree.map(lambda d, x: jnp.max(jnp.abs(d) / pbar(x), initial=0), direction, theta)
     scale = jnp.max(jnp.stack([r.astype(span.dtype) for r in jax.tree.leaves(ratios)]))
     return jnp.where(scale > 0, scale, 1).astype(span.dtype)
@@ -116,10 +119,11 @@ def sensitivities(
         s0 = jax.tree.map(
             lambda dy, f: ((dy - f * d.t0.astype(f.dtype)) / scale).astype(f.dtype), d.y0, f0
         )
-        return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff)
+        jumps = None if d.jump_ts is None else d.jump_ts / scale
+        return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff), jumps
 
-    s0, dtheta = jax.vmap(start)(directions, scales)
-    aug = sensitivity_loop(loop, dtheta, *tolerances)
+    s0, dtheta, djumps = jax.vmap(start)(directions, scales)
+    aug = sensitivity_loop(loop, dtheta, *tolerances, jump_directions=djumps)
     aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
     final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
     end, t_end = final.y.s, jnp.zeros(scales.shape, final.t.dtype)
@@ -138,18 +142,23 @@ def sensitivities(
     )
 
 
-def sensitivity_loop(loop, directions: Y, rtol: float | None, atol: float | None):
+def sensitivity_loop(
+    loop, directions: Y, rtol: float | None, atol: float | None, jump_directions=None
+):
     """`loop` advancing the state with the sensitivities along `directions` (the parameters'
     tangents, one per direction on a leading axis), these held to `rtol` and `atol` (`None`:
-    the state's)."""
+    the state's); at its known discontinuities the sensitivities jump as their times move
+    along `jump_directions` (the tangents of `loop.jump_ts`, one row per direction)."""
     events = None if loop.events is None else sensitivity_events(loop.events, loop.f)
+    jumps = None if loop.jump_ts is None else sensitivity_jumps(loop.f, loop.jump_ts)
     return dataclasses.replace(
         loop,
-        args=SensitivityArgs(loop.args, directions),
+        args=SensitivityArgs(loop.args, directions, jump_directions),
         stepper=SensitivityStepper(loop.stepper),
         controller=MaxNormController(loop.controller, rtol, atol),
         progress=None,
         events=events,
+        jump_update=jumps,
     )
 
 

@@ -15,9 +15,11 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array
 
 from ..._checks import all_finite, tightest
 from ..._controllers import AbstractController, PIDController, all_positive_finite
+from ..._error_norm import resolvable_rtol
 from ..._steppers._base import AbstractStepper, Step
 from ..._types import Args, Scalar, VectorField, Y
 
@@ -32,10 +34,12 @@ class Augmented(eqx.Module):
 
 class SensitivityArgs(eqx.Module):
     """The solve's `args` and the directions of the parameters: the tangents (one per
-    direction, on a leading axis) of the inexact arrays of `(f, args)`."""
+    direction, on a leading axis) of the inexact arrays of `(f, args)`, and of the known
+    discontinuities `jump_ts` (`None` without them)."""
 
     args: Args
     directions: Y
+    jump_directions: Array | None = None
 
 
 class SensitivityState(eqx.Module):
@@ -179,17 +183,20 @@ class MaxNormController(AbstractController):
         def mean_squares(error, a, b, axis):
             """Per group: the mean over its components of `(error / weight)^2`."""
             rtol, atol = (controller.rtol, controller.atol) if axis == 0 else tolerances
+            rtol = resolvable_rtol(rtol, a.dtype)  # as the controller holds its own steps
             weight = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
             squares = jnp.abs(error / weight) ** 2
             return jnp.mean(squares.reshape(squares.shape[:axis] + (-1,)), axis=-1)
 
         def group(error, a, b, axis):
+            # An empty leaf has no components: no mean (0/0), and no weight in the group's.
             leaves = [
                 (mean_squares(e, x, z, axis), e[(0,) * axis].size)
                 for e, x, z in zip(*map(jax.tree.leaves, (error, a, b)), strict=True)
+                if e[(0,) * axis].size
             ]
             size = sum(n for _, n in leaves)
-            return sum(m * n for m, n in leaves) / size
+            return sum(m * n for m, n in leaves) / max(size, 1)
 
         tolerances = (
             controller.rtol if self.rtol is None else self.rtol,
