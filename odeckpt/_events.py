@@ -3,9 +3,10 @@ extension, after which the solve stops (`terminal`) or jumps (`update`) and goes
 
 The loop (`IntegrationLoop.step`) asks `EventSet.locate` where the first crossing in an
 accepted step is. The crossing time is found to the resolution of `t` by a bracketing root
-finder on the step's own interpolant, without derivatives; its derivatives are those of the
-implicit function theorem at the crossing, attached by a zero-valued term (`_implicit_root`),
-so every adjoint that differentiates the discrete solve differentiates the event time.
+finder on the step's own interpolant, without derivatives; its derivatives, of every order,
+are those of the implicit function theorem at the crossing, attached by a derivative rule
+(`_root`), so every adjoint that differentiates the discrete solve differentiates the event
+time.
 """
 
 import dataclasses
@@ -383,11 +384,31 @@ def _implicit_root(
     g: Callable[[Scalar], Scalar], theta: Scalar, found: BoolScalar
 ) -> tuple[Scalar, Scalar]:
     """`theta` (a root of `g`, found without derivatives), with the derivatives of the implicit
-    function theorem: `d theta = -(dg at fixed theta) / g'(theta)`, through a term whose value
-    is zero. First derivatives only; `0` where nothing was `found`. Also returns `g(theta)`."""
+    function theorem, of every order; `0` where nothing was `found`. Also returns `g(theta)`."""
     theta = jax.lax.stop_gradient(theta)
-    value = g(theta)
-    slope = jax.lax.stop_gradient(jax.jvp(g, (theta,), (jnp.ones_like(theta),))[1])
+    # Closure-converted, the arrays `g` closes over (the step, `args`, an event's own) are
+    # inputs of `_root`, so that its derivative rule sees their tangents.
+    curve = eqx.filter_closure_convert(g, theta)
+    return _root(curve, theta, found), g(theta)
+
+
+@eqx.filter_custom_jvp
+def _root(g: Callable[[Scalar], Scalar], theta: Scalar, found: BoolScalar) -> Scalar:
+    """`theta`, a root of `g` where `found`, with the derivatives of the implicit function
+    theorem: `d theta = -(dg at fixed theta) / g'(theta)`."""
+    del g, found
+    return theta
+
+
+@_root.def_jvp
+def _root_jvp(primals, tangents):
+    g, theta, found = primals
+    d_g, _, _ = tangents
+    # `theta` arrives without derivatives (the root finder is not differentiated); taken
+    # through `_root` again, it carries those of an enclosing differentiation, so that the
+    # tangent below, a function of `theta`, has the right derivatives too (second derivatives).
+    theta = _root(g, theta, found)
+    _, moved = eqx.filter_jvp(lambda g: g(theta), (g,), (d_g,))
+    slope = jax.jvp(g, (theta,), (jnp.ones_like(theta),))[1]
     slope = jnp.where(found, slope, 1)
-    moved = (value - jax.lax.stop_gradient(value)) / slope
-    return theta - jnp.where(found, moved, 0).astype(theta.dtype), value
+    return theta, jnp.where(found, -moved / slope, 0).astype(theta.dtype)
