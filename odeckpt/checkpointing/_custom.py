@@ -60,6 +60,7 @@ def differentiable(
     inputs: NamedTuple,
     *,
     forward_error: str | None = None,
+    second_order_error: str | None = None,
 ):
     """`primal(inputs)`, differentiable in forward and reverse mode by one rule.
 
@@ -77,6 +78,12 @@ def differentiable(
     - `forward_error`: with a message, the call is differentiable in reverse mode only:
         forward mode (`jax.jvp`, `jax.jacfwd`) raises a `TypeError` with this message when
         the tangent is evaluated (at compile time under `jax.jit`).
+    - `second_order_error`: with a message, the tangent and the reverse sweep are
+        differentiable once more in forward mode only (`jax.hessian`, `jax.jacfwd(jax.jacrev
+        (f))`, `jax.jacfwd(jax.jacfwd(f))`): reverse mode over either (`jax.jacrev(jax.jacfwd
+        (f))`, `jax.grad(jax.grad(f))`) raises a `TypeError` with this message when it is
+        traced. For sweeps that JAX cannot transpose (those that run a `lax.while_loop`),
+        whose reverse mode would otherwise fail inside JAX without naming a fix.
 
     **Returns:** `primal(inputs)`.
 
@@ -144,6 +151,10 @@ def differentiable(
             leaves = zip(flat, _leaves(inputs), linear, strict=True)
             return [_zero(p) if c is None else c for c, p, keep in leaves if keep]
 
+        if second_order_error is not None:
+            error = TypeError(second_order_error)
+            tangent = _forward_only_derivative(tangent, error)
+            transpose = _forward_only_derivative(transpose, error)
         lin_leaves = [t for t, keep in zip(_leaves(tangents), linear, strict=True) if keep]
         # The tangents of the inexact outputs have the outputs' shapes and dtypes.
         out_avals = jtu.tree_leaves(_inexact_part(out_struct))
@@ -152,6 +163,34 @@ def differentiable(
 
     call.defjvp(jvp, symbolic_zeros=True)
     return call(inputs)
+
+
+def _forward_only_derivative(fun: Callable[[list, list], list], error: Exception) -> Callable:
+    """`fun(residuals, linear)`, whose own derivative is a linear map that forward mode
+    evaluates and whose transpose raises `error`."""
+
+    @jax.custom_jvp
+    def guarded(residuals, linear):
+        return fun(residuals, linear)
+
+    @guarded.defjvp
+    def _jvp(primals, tangents):
+        flat, treedef = jtu.tree_flatten(primals)
+        inexact = [_tree.is_inexact(x) for x in flat]
+        moving = [t for t, keep in zip(jtu.tree_leaves(tangents), inexact, strict=True) if keep]
+
+        def derivative(flat, moving):
+            it = iter(moving)
+            t = [next(it) if keep else _zero(x) for x, keep in zip(flat, inexact, strict=True)]
+            return jax.jvp(fun, *(jtu.tree_unflatten(treedef, x) for x in (flat, t)))[1]
+
+        def raise_error(_, cotangents):
+            del cotangents
+            raise error.with_traceback(None)
+
+        return fun(*primals), linear_call(derivative, raise_error, flat, moving)
+
+    return guarded
 
 
 def convert(fn, *example_args):

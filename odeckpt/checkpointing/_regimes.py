@@ -35,7 +35,18 @@ def run(loop: EngineLoop, make_plan: Callable[[], Plan], inputs: LoopInputs):
         return _snapshots(loop, plan)
 
     primal = lambda inputs: _loop.forward(loop, inputs, None)[0]
-    return differentiable(primal, sweeps, inputs)
+    # A while loop's derivatives are while loops too, which JAX cannot transpose.
+    error = None if loop.cond is None else SECOND_ORDER_ERROR
+    return differentiable(primal, sweeps, inputs, second_order_error=error)
+
+
+SECOND_ORDER_ERROR = (
+    "Reverse-mode differentiation of a derivative of a while loop (an adaptive "
+    "`odeckpt.solve`, `bounded_while_loop`), as `jax.jacrev(jax.jacfwd(f))` or "
+    "`jax.grad(jax.grad(f))` take it, is not supported: the derivative runs a while loop, which "
+    "JAX cannot reverse. Fix: take second derivatives forward over reverse, "
+    "`jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`."
+)
 
 
 def check_plan(plan, where: str, maker: str, snapshot_bytes: int, steps: int | None = None,
