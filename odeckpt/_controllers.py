@@ -14,6 +14,7 @@ import numpy as np
 
 from ._checks import known_values
 from ._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
+from ._landing import resolves
 from ._steppers._base import AbstractStepper
 from ._types import Args, BoolScalar, Scalar, VectorField, Y
 
@@ -120,6 +121,12 @@ class ConstantStep(AbstractController):
     steps, the last one shortened to land on `t1`; a step whose end would fall within rounding
     error of `t1` or of a save time lands on it exactly.
 
+    At large |t| the times near `t` may be too far apart to resolve `dt0` (`t + dt0` rounds to
+    a step more than 1% longer or shorter: `dt0 = 0.3` at `t = 1e14` in float64). Such a solve
+    is a `ValueError` when `t0`, `t1` and `dt0` are known at call time, and otherwise ends with
+    `Status.dt_underflow` at the first such step. A `dt0` that the times represent exactly
+    (`0.5` at `t = 1e14`) takes the steps of the same solve shifted to start at 0.
+
     **Example:**
 
     ```python
@@ -154,15 +161,17 @@ class ConstantStep(AbstractController):
     def adapt(
         self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
     ):
-        # Every finite step is accepted; the loop rejects a non-finite one (see `reject`).
-        del t0, t1, y0, y1, y_error, stepper, clipped, dt_factor
-        true = jnp.array(True)
+        # Every finite step is accepted (the loop rejects a non-finite one, see `reject`),
+        # unless the times near t0 are too far apart for steps of dt: then the solve ends
+        # rather than go on with steps of other sizes.
+        del y0, y1, y_error, stepper, dt_factor
+        unresolved = ~clipped & ~resolves(jnp, t0, t1, dt)
         return Decision(
-            accept=true if accept is None else accept,
+            accept=~unresolved if accept is None else accept,
             next_dt=dt,
             state=state,
-            underflow=~true,
-            finite=true,
+            underflow=unresolved,
+            finite=jnp.array(True),
         )
 
     def reject(self, t0, t1, dt, state):
@@ -313,7 +322,10 @@ class PIDController(AbstractController):
         # The last two inverse error norms, in one vector (one loop-carried leaf, not two).
         inverse_errors = jnp.ones((2,), jnp.result_type(t0))
         if dt0 is not None:
-            return self._clip(jnp.asarray(dt0, t0.dtype)), inverse_errors, 0
+            # A hint, like every step size this controller chooses: derivatives never
+            # depend on it (as they do not on the automatic first step).
+            dt0 = jax.lax.stop_gradient(jnp.asarray(dt0, t0.dtype))
+            return self._clip(dt0), inverse_errors, 0
         dt = jax.lax.stop_gradient(self._initial_dt(f, t0, y0, f0, args, stepper))
         # Below rounding relative to t0 a step would not advance t at all.
         return self._clip(jnp.maximum(dt, self._dtmin(t0, t0))), inverse_errors, 1
@@ -376,14 +388,15 @@ class PIDController(AbstractController):
         )
 
     def _tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[Y, Y]:
-        """The tolerances `stepper`'s steps are held to (`effective_tolerances`), per leaf of
-        `y0`."""
+        """The tolerances `stepper`'s steps are held to (`effective_tolerances`, at the
+        resolution of each leaf's own dtype), per leaf of `y0`."""
         assert self.rtol is not None and self.atol is not None
         exponent, reference = stepper.tolerance_exponent, stepper.tolerance_reference
-        dtype = real_dtype(y0)
         rtol, atol = per_leaf(self.rtol, y0), per_leaf(self.atol, y0)
-        held = lambda i: lambda r, a: effective_tolerances(r, a, exponent, dtype, reference)[i]
-        return jax.tree.map(held(0), rtol, atol), jax.tree.map(held(1), rtol, atol)
+        held = lambda i: (
+            lambda r, a, y: effective_tolerances(r, a, exponent, real_dtype(y), reference)[i]
+        )
+        return jax.tree.map(held(0), rtol, atol, y0), jax.tree.map(held(1), rtol, atol, y0)
 
     def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:
         """The PID ratio of the next step size to this one, from the inverse error norms."""

@@ -20,6 +20,15 @@ def polynomial(coeffs: Array, theta: Array) -> Array:
     return value
 
 
+def derivative(coeffs: Array, theta: Array) -> Array:
+    """The derivative in `theta` of `polynomial(coeffs, theta)`."""
+    degree = coeffs.shape[0] - 1
+    if degree == 0:
+        return polynomial(jnp.zeros_like(coeffs), theta)
+    powers = jnp.arange(1, degree + 1).reshape((degree,) + (1,) * (coeffs.ndim - 1))
+    return polynomial(coeffs[1:] * powers.astype(coeffs.dtype), theta)
+
+
 def piecewise(starts: Array, ends: Array, coeffs: Y, t: Scalar, count: IntScalar) -> Y:
     """The piecewise polynomial over `count` consecutive pieces `[starts[i], ends[i]]` (times
     increasing; leaves of `coeffs` shaped `(pieces, degree + 1, ...)`) at time `t`: the first

@@ -2,18 +2,20 @@
 for the steppers that propose their own step sizes (`Radau5`, `BDF`), so that both judge a
 step alike."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._types import Scalar, Y
+from ._types import BoolScalar, Scalar, Y
 
 
 def rms(y: Y, scale: Y) -> Scalar:
     """The root mean square of `y / scale` over every component; NaN if any is NaN."""
     squares = jax.tree.leaves(jax.tree.map(lambda a, s: jnp.sum(jnp.abs(a / s) ** 2), y, scale))
     size = sum(leaf.size for leaf in jax.tree.leaves(y))
-    mean = sum(squares) / size
+    mean = sum(squares) / max(size, 1)  # a state without components has no error
     # sqrt has an infinite derivative at 0 (a zero error, or a masked zero-length step under
     # vmap); keep it out of the gradient so that it cannot turn into NaN. A NaN mean stays NaN.
     positive = mean > 0
@@ -33,7 +35,8 @@ def effective_tolerances(
     `dtype`: `rtol' = r0 (rtol / r0) ** exponent` with `r0 = reference`, but not below
     `min(rtol, 1000 eps)` (the error estimates of steps held tighter would be rounding noise),
     and `atol' = atol rtol' / rtol` (the ratio `atol / rtol`, which says where a component
-    counts as small, is kept). The identity for `exponent = 1`.
+    counts as small, is kept). The identity for `exponent = 1`, except that an `rtol` below the
+    resolution of `dtype` is first raised to it (`resolvable_rtol`).
 
     With error-per-step control, a method whose error estimate is of its own order (implicit
     Euler, BDF), or whose order drops on stiff components (ESDIRK and Rosenbrock methods),
@@ -54,11 +57,31 @@ def effective_tolerances(
     D. J. Higham, "Global error versus tolerance for explicit Runge-Kutta methods", *IMA J.
     Numer. Anal.* 11 (1991), 457-480.
     """
+    rtol = resolvable_rtol(rtol, dtype)
     if exponent == 1:
         return rtol, atol
     floor = jnp.minimum(rtol, 1000 * float(np.finfo(np.dtype(dtype)).eps))
     effective = jnp.maximum(reference * (rtol / reference) ** exponent, floor)
     return effective, atol * effective / rtol
+
+
+def resolvable_rtol(rtol, dtype):
+    """`rtol`, raised to the resolution of `dtype` (its machine epsilon: 1.2e-7 in float32)
+    where it is below: the rounding of the state alone exceeds a tighter tolerance, and steps
+    held to it would be rejected until the solve ran out of steps. `atol` needs no such floor
+    (small components resolve small errors). `Stats.rtol_clamped` reports a raised `rtol`."""
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    if isinstance(rtol, int | float):
+        return max(float(rtol), eps)
+    return jnp.maximum(rtol, eps)
+
+
+def below_resolution(rtol, y: Y) -> BoolScalar:
+    """Whether `rtol` (a number, or a pytree of them like `y`) is below the resolution of the
+    dtype of a leaf of `y` it applies to somewhere: whether `resolvable_rtol` raises it."""
+    pairs = zip(jax.tree.leaves(per_leaf(rtol, y)), jax.tree.leaves(y), strict=True)
+    checks = [jnp.any(jnp.asarray(r) < np.finfo(leaf.dtype).eps) for r, leaf in pairs]
+    return functools.reduce(jnp.logical_or, checks, jnp.array(False))
 
 
 def real_dtype(y: Y):

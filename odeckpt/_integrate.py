@@ -9,6 +9,7 @@ forwards: `f` is wrapped accordingly and step sizes are positive.
 """
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -17,7 +18,7 @@ from jaxtyping import Array, Float
 
 from ._checks import all_finite, with_nonfinite
 from ._controllers import AbstractController
-from ._dense import polynomial
+from ._dense import derivative, polynomial
 from ._events import Crossing, EventSet, EventState, restrict
 from ._landing import after, before, lands, next_jump, next_stop, saves_in_step, saves_per_step
 from ._loop_state import LoopState, StepRecord, failure_status
@@ -56,6 +57,10 @@ class IntegrationLoop(eqx.Module):
     """The solve's events (`None`: none, and the loop is exactly the one without)."""
     jump_ts: Float[Array, " j"] | None = None
     """Known discontinuities (sorted internal times): steps land on them and restart."""
+    jump_update: Callable | None = None
+    """What a landing on one of `jump_ts` does to the state: `jump_update(tau, y, args) -> y`,
+    `tau` the (internal) jump time (`None`: nothing; `ForwardSensitivity` jumps the
+    sensitivities there)."""
 
     def cond(self, state: LoopState) -> Array:
         going = (state.t < self.t_end) & (state.status == Status.successful)
@@ -155,6 +160,7 @@ class IntegrationLoop(eqx.Module):
         solve; an event's `update` jumps the state; a jump or a landing on one of `jump_ts`
         restarts the stepper (FSAL) and the controller there."""
         restart = jnp.zeros((), bool)
+        landed = jump = None
         if self.jump_ts is not None:
             jump = next_jump(jnp, self.jump_ts, start.t, self.t_end)
             landed = accept & (new.t == before(jnp, jump))
@@ -168,13 +174,19 @@ class IntegrationLoop(eqx.Module):
             new = dataclasses.replace(new, events=outcome.state, status=status)
             jumping = outcome.jumping
             restart = restart | jumping
-        fresh = lambda new: self._restart(new, jumping, crossing)
+        fresh = lambda new: self._restart(new, jumping, crossing, landed, jump)
         return jax.lax.cond(restart, fresh, lambda new: new, new)
 
-    def _restart(self, new: LoopState, jumping: Array, crossing: Crossing | None) -> LoopState:
-        """`new` restarted at its point: after the event's jump if `jumping`, with a fresh
-        stepper state (its FSAL stage evaluated there) and controller state."""
+    def _restart(
+        self, new: LoopState, jumping: Array, crossing: Crossing | None, landed, jump
+    ) -> LoopState:
+        """`new` restarted at its point: after the event's jump if `jumping`, after
+        `jump_update` if `landed` on the jump time `jump`, with a fresh stepper state (its FSAL
+        stage evaluated there) and controller state."""
         y = new.y
+        if self.jump_update is not None:
+            jumped = self.jump_update(jump, y, self.args)
+            y = jax.tree.map(lambda a, b: jnp.where(landed, a, b), jumped, y)
         if crossing is not None:
             jumped = self.events.update(crossing.index, new.t, y, self.args)
             y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
@@ -251,9 +263,17 @@ class IntegrationLoop(eqx.Module):
         h = t1 - state.t
         moved = jnp.where(jnp.isfinite(t_save), t_save, state.t) - state.t
         theta = moved / jnp.where(h > 0, h, 1)
+        # A save time that is the point reached takes its value, bit for bit, and its own
+        # derivative in time, the slope of the extension there (the point reached depends on
+        # another time: the end of the span, the step's stop, an event's time).
+        at_reached = t_save == t_reached
+        offset = jnp.where(at_reached, t_save, t_reached) - t_reached
+        slope = _slope(dense, (t_reached - state.t) / jnp.where(h > 0, h, 1), h)
         values = jax.tree.map(
-            lambda c, y: jnp.where(_rows(t_save == t_reached, y), y, polynomial(c, theta)),
-            dense, y_reached,
+            lambda c, y, s: jnp.where(
+                _rows(at_reached, y), y[None] + _rows(offset, y) * s[None], polynomial(c, theta)
+            ),
+            dense, y_reached, slope,
         )  # fmt: skip
         index = jnp.where(valid, index, self.ts.shape[0])
         return state.save_index + jnp.sum(valid, dtype=jnp.int32), Rows(index, values)
@@ -336,6 +356,14 @@ def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
         return y[None] + _rows(moved.astype(y.dtype), y) * f[None]
 
     return jax.tree.map(rows, y0, f0)
+
+
+def _slope(dense: Y, theta: Scalar, h: Scalar) -> Y:
+    """The time derivative of the continuous extension `dense` of a step of length `h` at
+    normalised time `theta`."""
+    return jax.tree.map(
+        lambda c: derivative(c, theta) / jnp.where(h > 0, h, 1).astype(c.dtype), dense
+    )
 
 
 def _rows(mask: Array, y: Array) -> Array:

@@ -43,12 +43,14 @@ def distinct_save_times(xp: ModuleType, ts):
 
 def next_stop(xp: ModuleType, ts, t_end, save_index, per_step: int):
     """The next time a step must land on: the end of the span, or the last of the next
-    `per_step` save times (`ts`: distinct save times, or `None`)."""
+    `per_step` save times (`ts`: distinct save times, or `None`). A save time equal to the end
+    is the end: the final state depends on `t_end` (the save row takes its own time's
+    derivative in `IntegrationLoop._save_rows`)."""
     if ts is None or ts.shape[0] <= per_step:
         return t_end
     last = save_index + per_step - 1
     save_stop = ts[xp.minimum(last, ts.shape[0] - 1)]
-    return xp.where(last < ts.shape[0], xp.minimum(save_stop, t_end), t_end)
+    return xp.where((last < ts.shape[0]) & (save_stop < t_end), save_stop, t_end)
 
 
 def next_jump(xp: ModuleType, jump_ts, t, t_end):
@@ -81,11 +83,27 @@ def _moved(xp: ModuleType, t, towards):
     return xp.where(xp.isfinite(fixed), moved, t)  # no jump left: `inf` stays `inf`
 
 
+STEP_ROUNDING = 0.01
+"""How far, relative to its size, a step may end from `t + dt`: by the rounding of `t + dt`
+(`resolves`), or lengthened to land on a stop (`lands`). Beyond it the steps would silently be
+others than those asked for."""
+
+
 def lands(xp: ModuleType, t, step_end, stop):
     """Whether a step from `t` to `step_end` lands on `stop`: it reaches it, or stops within
-    rounding of it (no sliver step is left)."""
-    slack = 100 * xp.finfo(step_end.dtype).eps * xp.maximum(xp.abs(stop), xp.abs(t))
+    rounding of it (no sliver step is left): within `100 eps |t|`, and within `STEP_ROUNDING`
+    of the step (at large |t|, `100 eps |t|` can exceed the step itself)."""
+    rounding = 100 * xp.finfo(step_end.dtype).eps * xp.maximum(xp.abs(stop), xp.abs(t))
+    slack = xp.minimum(rounding, STEP_ROUNDING * (step_end - t))
     return step_end >= stop - slack
+
+
+def resolves(xp: ModuleType, t, step_end, dt):
+    """Whether times near `t` resolve the step size `dt`: the step from `t`, which ends at
+    `step_end` (`t + dt` rounded), has the size `dt` to within `STEP_ROUNDING` of it. At large
+    |t| (`dt` a few ulps of `t`: 1e15 in float64 with `dt = 0.3`), steps of `dt` would be
+    rounded to other sizes."""
+    return xp.abs((step_end - t) - dt) <= STEP_ROUNDING * dt
 
 
 def saves_in_step(xp: ModuleType, ts, save_index, t1, rows: int):
@@ -107,7 +125,9 @@ def constant_step_count(
     jump_ts: np.ndarray | None = None,
 ) -> int | None:
     """The steps a constant-step solve from `t0` to `t1` takes (with save times `ts` and known
-    discontinuities `jump_ts`), in `dtype`; `None` past `max_steps`."""
+    discontinuities `jump_ts`), in `dtype`; `None` past `max_steps`. Raises a `ValueError`
+    (naming the fix) where the times of the span do not resolve `dt0` (`resolves`), which the
+    solve would end with `Status.dt_underflow`."""
     direction = 1 if t1 >= t0 else -1
     tau, end, dt = (np.asarray(x, dtype) for x in (direction * t0, direction * t1, abs(dt0)))
     saves = None
@@ -123,10 +143,31 @@ def constant_step_count(
         if jump is not None:
             stop = np.minimum(stop, before(np, jump))
         step_end = tau + dt
-        tau = stop if lands(np, tau, step_end, stop) else step_end
+        landed = lands(np, tau, step_end, stop)
+        if not landed and not resolves(np, tau, step_end, dt):
+            raise ValueError(_unresolved(direction * tau, step_end - tau, dt0))
+        tau = stop if landed else step_end
         if jump is not None and tau == before(np, jump):
             tau = after(np, jump)
         if saves is not None:
             rows = min(saves.shape[0], per_step)
             save_index += int(np.sum(saves_in_step(np, saves, save_index, tau, rows)[1]))
     return None
+
+
+def _unresolved(t, step, dt0) -> str:
+    """The message of a constant step size `dt0` that the times near `t` do not resolve (the
+    step from `t` is `step`)."""
+    dtype = np.asarray(t).dtype
+    shown = lambda x: str(np.asarray(x, dtype)[()])  # the shortest digits in `dtype`
+    wider = (
+        ""
+        if dtype.itemsize >= 8
+        else 'solve in float64 (`jax.config.update("jax_enable_x64", True)` and a float64 y0), '
+    )
+    return (
+        f"dt0={shown(dt0)} is too small for times as large as t = {shown(t)}: in {dtype} the "
+        f"times near it are {shown(np.spacing(abs(t)))} apart, so the step from there would be "
+        f"{shown(step)}, not {shown(abs(dt0))}. Fix: shift time so that the span starts at 0 "
+        f"(solve over (0, t1 - t0) with `f` reading `t + t0`), {wider}or use a larger dt0."
+    )

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ._checks import all_finite
 from ._landing import distinct_save_times
 from ._types import Y
 
@@ -87,17 +88,41 @@ def written_groups(writes: Writes) -> list[tuple[Array, Y]]:
 
 class DistinctSaveTimes(eqx.Module):
     """Save times with each value once, as the loop takes them: `ts` sorted, the repeats of a
-    value replaced by `inf` at the end (never reached), and `rows[i]`, the row of `ts` that
-    holds the `i`-th save time of the original array (see `_landing.distinct_save_times`)."""
+    value replaced by `inf` at the end (never reached), `rows[i]`, the row of `ts` that holds
+    the `i`-th save time of the original array (see `_landing.distinct_save_times`), and
+    `first[i]`, the position in the original array of that value's first occurrence."""
 
     ts: Float[Array, " n"]
     rows: Int[Array, " n"]
+    first: Int[Array, " n"]
 
     @classmethod
     def make(cls, ts: Float[Array, " n"]) -> "DistinctSaveTimes":
         """From sorted save times `ts` (internal times: increasing)."""
-        return cls(*distinct_save_times(jnp, ts))
+        first = jnp.searchsorted(ts, ts, side="left").astype(jnp.int32)
+        return cls(*distinct_save_times(jnp, ts), first)
 
-    def gather(self, ys: Y) -> Y:
-        """The saved values `ys` (one row per distinct time) as one row per original time."""
-        return jax.tree.map(lambda y: y[self.rows], ys)
+    def gather(self, ys: Y, ts: Float[Array, " n"] | None = None, rate=None) -> Y:
+        """The saved values `ys` (one row per distinct time) as one row per original time.
+
+        A repeated time's row holds its first occurrence's value, and so its derivatives. With
+        the original times `ts` and `rate(t, y)`, the solution's derivative in time, each row
+        also moves with its own time: the repeat's row gains `rate * (d ts[i] - d ts[first])`
+        (the value is unchanged).
+        """
+        gathered = jax.tree.map(lambda y: y[self.rows], ys)
+        if ts is None:
+            return gathered
+        reached = jax.vmap(lambda *row: all_finite(row))(*jax.tree.leaves(gathered))
+        fixed = jax.lax.stop_gradient(gathered)
+        safe_t = jnp.where(reached, ts, 0)
+        safe_y = jax.tree.map(lambda y: jnp.where(_rows(reached, y), y, 0), fixed)
+        moved = ts - ts[self.first]
+        moved = jnp.where(reached, moved - jax.lax.stop_gradient(moved), 0)
+        slopes = jax.vmap(rate)(jax.lax.stop_gradient(safe_t), safe_y)
+        return jax.tree.map(lambda y, s: y + _rows(moved, s).astype(s.dtype) * s, gathered, slopes)
+
+
+def _rows(mask: Array, y: Array) -> Array:
+    """`mask` reshaped to broadcast against `y`, whose leading axis is its rows."""
+    return mask.reshape(mask.shape + (1,) * (y.ndim - 1))

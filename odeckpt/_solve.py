@@ -1,6 +1,7 @@
 """The front door: `odeckpt.solve`."""
 
 import dataclasses
+import functools
 
 import equinox as eqx
 import jax
@@ -12,6 +13,7 @@ from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._checks import tightest
 from ._controllers import AbstractController, ConstantStep, PIDController
 from ._dense import DenseOutput
+from ._error_norm import below_resolution
 from ._events import Event, EventSet
 from ._integrate import IntegrationLoop, vector_field_in_internal_time
 from ._landing import constant_step_count, saves_per_step
@@ -22,8 +24,14 @@ from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
 from ._solution import Solution, Stats
 from ._status import Status
-from ._steppers import AbstractStepper, Tsit5, stepper_from_name, with_newton_tolerances
-from ._types import Args, Scalar, ScalarLike, Tolerance, VectorField, Y
+from ._steppers import (
+    AbstractImplicit,
+    AbstractStepper,
+    Tsit5,
+    stepper_from_name,
+    with_newton_tolerances,
+)
+from ._types import Args, BoolScalar, Scalar, ScalarLike, Tolerance, VectorField, Y
 
 
 def solve(
@@ -61,7 +69,9 @@ def solve(
         pytrees like `y0` whose leaves are numbers or arrays of the leaf's shape (a tolerance
         per component). They may be traced (`jax.jit` over a function of `rtol` compiles once
         for every value); a traced invalid value (NaN, zero, negative) ends the solve with
-        `Status.invalid_settings`.
+        `Status.invalid_settings`. An `rtol` below the resolution of the state's dtype (its
+        machine epsilon: 1.2e-7 in float32) is clamped to it, which `sol.stats.rtol_clamped`
+        reports (a known one also warns).
     - `dt0`: the first step size (`None`: chosen automatically); required by `ConstantStep`.
         May be traced.
     - `controller`: `odeckpt.PIDController(...)` (the default for steppers with an error
@@ -74,7 +84,8 @@ def solve(
     - `event`: an `odeckpt.Event` or a tuple of them: stop at, or jump at, a sign change of
         `fn(t, y, args)` (see `Event`); `sol.event` says which terminal event ended the solve.
     - `jump_ts`: known discontinuities of `f` in time (dosing times, piecewise forcing): the
-        steps land exactly on each and the stepper and controller restart there.
+        steps land exactly on each and the stepper and controller restart there. They may be
+        traced: the derivative in a jump time is the change of `f` there (see docs/events.md).
 
     Only `f`, `y0`, `t_span` and `args` are positional. Keywords of diffrax's `diffeqsolve`,
     scipy's `solve_ivp` or torchdiffeq's `odeint` (`stepsize_controller=`, `t0=`, `method=`,
@@ -114,6 +125,8 @@ def solve(
     dt0 = validate.step_size(dt0, t0, t1)
     controller = _controller(controller, stepper, dt0, rtol, atol, y0)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)
+    for name, held in _held_rtols(controller, stepper, adjoint):
+        validate.warn_below_resolution(name, held, y0)
     saveat = _saveat(saveat)
     validate.check_vector_field(f, t0, y0, args)
     validate.check_finite(y0)
@@ -143,7 +156,7 @@ def solve(
         )
     options = _Options(
         stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction,
-        num_steps, _failure_notes(y0), events,
+        num_steps, _failure_notes(y0), ts is not None and ts_value is None, events,
     )  # fmt: skip
     return _solve(f, y0, t0, t1, ts, args, options, jumps)
 
@@ -164,6 +177,8 @@ class _Options(eqx.Module):
     num_steps: int | None = eqx.field(static=True)
     failure_notes: tuple[tuple[str, str], ...] = eqx.field(static=True)
     """Text added to the messages of failures (by `Status` name), from what the inputs are."""
+    ts_traced: bool = eqx.field(static=True)
+    """Whether the save times are traced (and may be differentiated)."""
     events: tuple[Event, ...] | None = None
 
 
@@ -214,8 +229,9 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     result = adjoint.run(loop, init, loop.init_outputs(init))
     state = result.state
     status = loop.final_status(state)
-    collected = _collect(saveat, direction, t0, y0, ts, save_times, state, result.outputs)
-    inputs = (f, y0, t0, t1, ts, args)
+    rate = (lambda t, y: f(t, y, args)) if options.ts_traced else None
+    collected = _collect(saveat, direction, t0, y0, ts, save_times, rate, state, result.outputs)
+    inputs = (f, y0, t0, t1, ts, args, jump_ts)
     outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
         outputs = raise_if_failed(status, outputs, dict(options.failure_notes))
@@ -229,6 +245,7 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
         num_lu_factorisations=state.num_lu_factorisations,
         num_checkpoints=result.stats.num_checkpoints,
         num_recomputed_steps=result.stats.num_recomputed_steps,
+        rtol_clamped=_rtol_clamped(options, y0),
         max_steps=max_steps,
     )
     event = None if state.events is None else state.events.event
@@ -238,15 +255,18 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
 
 
 def _collect(
-    saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, save_times, state: LoopState,
+    saveat: SaveAt, direction, t0: Scalar, y0: Y, ts, save_times, rate, state: LoopState,
     outputs: Outputs,
 ) -> tuple[jax.Array | None, Y | None, DenseOutput | None]:  # fmt: skip
-    """Assemble the saved blocks t0 | ts | steps | t1 (see `SaveAt`) and the dense output."""
+    """Assemble the saved blocks t0 | ts | steps | t1 (see `SaveAt`) and the dense output
+    (`rate`: the vector field in `(t, y)`, which moves repeated save times, or `None` for save
+    times that are not differentiated)."""
     blocks = []
     if saveat.t0:
         blocks.append((t0[None], jax.tree.map(lambda y: y[None], y0)))
     if ts is not None:
-        blocks.append((ts, save_times.gather(outputs.ts)))
+        ys = save_times.gather(outputs.ts, None if rate is None else ts, rate)
+        blocks.append((ts, ys))
     if saveat.steps:
         step_ts = outputs.steps.t
         blocks.append(
@@ -310,8 +330,32 @@ def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol, y0) -> Ab
             rtol=validate.tolerance("PIDController(rtol)", controller.rtol, y0),
             atol=validate.tolerance("PIDController(atol)", controller.atol, y0),
         )
-        validate.warn_below_resolution(controller.rtol, y0)
     return controller
+
+
+def _held_rtols(controller, stepper, adjoint) -> list[tuple[str, Tolerance]]:
+    """The `rtol`s that steps are held to, with their names: the controller's (with
+    `ConstantStep`, an implicit stepper's Newton iteration's), and an adjoint's own (of its
+    backward solve, or of the sensitivities: `BacksolveAdjoint`, `InterpolatingAdjoint`,
+    `ForwardSensitivity`)."""
+    held = []
+    if isinstance(controller, PIDController):
+        held.append(("rtol", controller.rtol))
+    elif isinstance(stepper, AbstractImplicit) and stepper.newton.rtol is not None:
+        held.append(("rtol", stepper.newton.rtol))
+    own = getattr(adjoint, "rtol", None)
+    if own is not None:
+        held.append((f"{type(adjoint).__name__}(rtol)", own))
+    return held
+
+
+def _rtol_clamped(options: _Options, y0: Y) -> BoolScalar:
+    """Whether an `rtol` that steps are held to is below the resolution of the state, so that
+    the steps are held to that resolution instead (`resolvable_rtol`)."""
+    held = _held_rtols(options.controller, options.stepper, options.adjoint)
+    return functools.reduce(
+        jnp.logical_or, [below_resolution(r, y0) for _, r in held], jnp.array(False)
+    )
 
 
 def _newton_tolerances(stepper, controller, rtol, atol) -> AbstractStepper:

@@ -59,9 +59,13 @@ class Status(eqx.Module):
         "problem is stiff."
     )
     dt_underflow = _Outcome(
-        "The step size fell below its minimum (`dtmin`, or machine precision relative to t). "
-        "Fix: the problem is probably stiff (use an implicit solver) or singular near this time; "
-        "lower `PIDController(dtmin=...)` or loosen the tolerances."
+        "The step size fell below its minimum (`dtmin`, or machine precision relative to t), "
+        "or t is too large for the step size: the times near t are too far apart to resolve "
+        "it (a `ConstantStep` step would be rounded by more than 1%). Fix: the problem is "
+        "probably stiff (use an implicit solver) or singular near this time; lower "
+        "`PIDController(dtmin=...)` or loosen the tolerances. At large |t| (or float32 times), "
+        "shift time so that the span starts at 0 (solve over (0, t1 - t0) with `f` reading "
+        "`t + t0`), solve in float64, or use a larger `dt0`."
     )
     newton_failed = _Outcome(
         "The Newton iteration of an implicit solver did not converge, even with a fresh "

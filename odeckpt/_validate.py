@@ -174,20 +174,21 @@ def _tolerance_leaf(name: str, value, y: jax.Array | None, dtype=None):
     return jnp.asarray(value, dtype)
 
 
-def warn_below_resolution(rtol, y0: Y) -> None:
-    """Warn if a known `rtol` is below the resolution of the dtype of a leaf it applies to."""
+def warn_below_resolution(name: str, rtol, y0: Y) -> None:
+    """Warn if a known `rtol` (called `name`) is below the resolution of the dtype of a leaf it
+    applies to, where the solve raises it to that resolution (`resolvable_rtol`)."""
     for r, y in zip(jax.tree.leaves(per_leaf(rtol, y0)), jax.tree.leaves(y0), strict=True):
-        known = known_values("rtol", r)
+        known = known_values(name, r)
         eps = jnp.finfo(y.dtype).eps
         if known is not None and known.size and np.min(known) < eps:
             warnings.warn(
-                f"rtol={np.min(known):g} is below the resolution of {y.dtype} (eps = {eps:.1e}): "
-                "rounding errors in y alone can exceed it, so steps may be rejected until the "
-                "solve runs out of steps or the step size underflows, and the result is no more "
-                f"accurate than {y.dtype} allows. Fix: use rtol >= {10 * eps:.0e}, or "
-                'solve in float64: `jax.config.update("jax_enable_x64", True)` at the start '
+                f"{name} = {np.min(known):g} is below the resolution of {y.dtype} (eps = "
+                f"{eps:.1e}): rounding errors in y alone exceed it, so the steps are held to "
+                f"rtol = {eps:.1e} instead (`sol.stats.rtol_clamped` is True), and the result "
+                f"is no more accurate than {y.dtype} allows. Fix: use rtol >= {10 * eps:.0e}, "
+                'or solve in float64: `jax.config.update("jax_enable_x64", True)` at the start '
                 "of the program, and a float64 y0.",
-                stacklevel=4,
+                stacklevel=3,
             )
             return
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from selection import slow_unless
 
 import odeckpt
 
@@ -108,3 +109,24 @@ def test_bad_saveat():
         odeckpt.SaveAt()
     with pytest.raises(ValueError, match="1-D"):
         odeckpt.SaveAt(ts=[[0.5]])
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    slow_unless(["recursive", "forward_sensitivity", "backsolve"], fast={"recursive"}),
+)
+def test_reverse_over_a_derivative_names_the_supported_order(adjoint):
+    """Reverse mode over a derivative of an adaptive solve raises naming `jax.hessian` (JAX's
+    own error about while loops named no route; forward over reverse is tested against closed
+    forms in test_implicit.py and test_sensitivity.py)."""
+    final = lambda k: odeckpt.solve(decay_k, y0, (0.0, 1.0), k, adjoint=adjoint).ys[-1, 0]
+    orders = [jax.grad(jax.grad(final))]
+    if adjoint != "backsolve":  # which has no forward mode, and says so
+        orders.append(jax.jacrev(jax.jacfwd(final)))
+    for order in orders:
+        with pytest.raises(TypeError, match=r"jax.hessian\(f\)"):
+            order(0.7)
+
+
+def decay_k(t, y, k):
+    return -k * y

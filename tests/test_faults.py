@@ -381,23 +381,28 @@ def test_derivatives_in_save_times_at_t0(adjoint):
     "adjoint", slow_unless(ADJOINTS, fast={"recursive", "forward_sensitivity"})
 )
 def test_derivatives_with_repeated_save_times(adjoint):
-    """Save times at `t0`, repeated and at `t1`: the derivatives of every row in `k` and `y0`
-    are the closed form's (a repeat is a row the loop never writes, holding inf, whose zero
-    cotangent must not make NaN)."""
-    ts = jnp.array([0.0, 0.5, 0.5, 1.0, 1.0])
+    """Save times at `t0`, repeated and at `t1`: the derivatives of every row in `k`, `y0`,
+    the save times and `t1` are the closed form's (a repeat is a row the loop never writes,
+    holding inf, whose zero cotangent must not make NaN). Each row moves with its own save
+    time only (a repeat too, and a save time equal to `t1`), never with `t1`."""
+    k, ts = 0.7, jnp.array([0.0, 0.5, 0.5, 1.0, 1.0])
 
-    def saved(k, y0):
+    def saved(k, y0, ts, t1):
         sol = odeckpt.solve(
-            lambda t, y, k: -k * y, y0, (0.0, 1.0), k, saveat=ts, adjoint=_adjoint(adjoint),
+            lambda t, y, k: -k * y, y0, (0.0, t1), k, saveat=ts, adjoint=_adjoint(adjoint),
             rtol=1e-10, atol=1e-12,
         )  # fmt: skip
         return sol.ys[:, 0]
 
     derivative = jax.jacfwd if adjoint == "forward" else jax.jacrev
-    d_k, d_y0 = derivative(saved, argnums=(0, 1))(0.7, jnp.ones(1))
-    decay = np.exp(-0.7 * np.asarray(ts))
+    d_k, d_y0 = derivative(saved, argnums=(0, 1))(k, jnp.ones(1), ts, 1.0)
+    decay = np.exp(-k * np.asarray(ts))
     np.testing.assert_allclose(d_k, -np.asarray(ts) * decay, atol=1e-8)
     np.testing.assert_allclose(d_y0[:, 0], decay, atol=1e-8)
+    # The times alone (ForwardSensitivity then integrates no sensitivity at all).
+    d_ts, d_t1 = derivative(saved, argnums=(2, 3))(k, jnp.ones(1), ts, 1.0)
+    np.testing.assert_allclose(d_ts, np.diag(-k * decay), atol=1e-8)
+    np.testing.assert_allclose(d_t1, 0.0, atol=1e-8)
 
 
 # Every adjoint with the default stepper, and the steppers that carry more than the last step

@@ -25,7 +25,7 @@ def test_stats_as_a_mapping():
     assert list(stats.keys()) == [
         "num_steps", "num_accepted_steps", "num_rejected_steps", "num_fn_evals",
         "num_jacobian_evals", "num_lu_factorisations", "num_checkpoints",
-        "num_recomputed_steps", "max_steps",
+        "num_recomputed_steps", "rtol_clamped", "max_steps",
     ]  # fmt: skip
     as_dict = dict(stats)
     assert set(as_dict) == set(stats.keys()) and len(stats) == len(as_dict)
