@@ -328,7 +328,7 @@ class AbstractNewton(eqx.Module):
         eps = jnp.finfo(scale.dtype).eps
         eta0 = jnp.maximum(jax.lax.stop_gradient(eta0), eps) ** 0.8
         # Root mean square over the state's components (a complex number counts once).
-        count = stage.num_components()
+        count = max(stage.num_components(), 1)  # a state without components: norm 0
         norm = lambda d: jnp.sqrt(jnp.sum(jnp.abs(d / scale) ** 2) / count)
 
         def cond(carry: _NewtonCarry) -> BoolScalar:
@@ -580,7 +580,7 @@ class Newton(AbstractNewton):
         rtol = _DEFAULT_RTOL if self.rtol is None else self.rtol
         atol = _DEFAULT_ATOL if self.atol is None else self.atol
         eps = jnp.finfo(z.dtype).eps
-        count = coordinates.num_components
+        count = max(coordinates.num_components, 1)  # a state without components: norm 0
 
         def norm(d, x):
             weight = atol + rtol * coordinates.modulus(x)
