@@ -22,8 +22,10 @@ if TYPE_CHECKING:
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
     from ._controllers import (
+        AbstractAdaptiveController as AbstractAdaptiveController,
         AbstractController as AbstractController,
         ConstantStep as ConstantStep,
+        Decision as Decision,
         PIDController as PIDController,
     )
     from ._events import Event as Event

@@ -6,6 +6,7 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 import abc
 import dataclasses
 import functools
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -16,7 +17,11 @@ from ._checks import known_values
 from ._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
 from ._landing import resolves
 from ._steppers._base import AbstractStepper
-from ._types import Args, BoolScalar, Scalar, VectorField, Y
+from ._types import Args, BoolScalar, Scalar, Tolerance, VectorField, Y
+
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
+"""The tolerances of a solve that sets none (`solve(rtol=None, atol=None)` and an adaptive
+controller without its own)."""
 
 
 class Decision(eqx.Module):
@@ -30,6 +35,18 @@ class Decision(eqx.Module):
     - `underflow`: `next_dt` fell below the smallest step size (or is NaN): the solve cannot go
         on.
     - `finite`: the error estimate was finite (a NaN or inf error is never accepted).
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    # What a controller's `judge` or `reject` returns: here, reject and halve a step of 0.1.
+    true = jnp.array(True)
+    decision = odeckpt.Decision(accept=~true, next_dt=jnp.array(0.05), state=None,
+                                underflow=~true, finite=true)
+    ```
     """
 
     accept: BoolScalar
@@ -60,6 +77,9 @@ class AbstractController(eqx.Module):
     judges_error: eqx.AbstractClassVar[bool]
     """Whether `adapt` reads the error estimate, and then returns `finite=False` and rejects the
     step when it is NaN or inf."""
+    fixed_steps: ClassVar[bool] = False
+    """Whether the steps are those of `dt0` from `t0` whatever the solution (`ConstantStep`), so
+    that their number is known before the solve when the times are."""
 
     @abc.abstractmethod
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
@@ -116,6 +136,126 @@ class AbstractController(eqx.Module):
         if it cannot)."""
 
 
+class AbstractAdaptiveController(AbstractController):
+    """A controller that adapts step sizes to tolerances. Each attempted step is judged by its
+    scaled error norm: the root mean square of the embedded error estimate over `atol + rtol
+    max(|y0|, |y1|)`, at the tolerances the stepper holds its steps to (`held_tolerances`); a
+    step is accepted when it is at most 1. The norm is computed here (`adapt`), so the
+    tolerances reach every adaptive controller alike: `solve(rtol=..., atol=...)` fills those
+    left `None`, and an adjoint with tolerances of its own (a backward solve, forward
+    sensitivities held to theirs) replaces them (`with_tolerances`) or judges its own norm
+    (`judge`).
+
+    A subclass declares the fields `rtol` and `atol` (default `None`: the solve's) and
+    implements `judge`, `init`, `reject`, `check` and `valid_settings`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    import odeckpt
+
+    class Halving(odeckpt.AbstractAdaptiveController):
+        rtol: float | None = None
+        atol: float | None = None
+
+        def check(self, stepper, dt0):
+            pass
+
+        def valid_settings(self):
+            return jnp.array(True)
+
+        def init(self, f, t0, y0, f0, args, stepper, dt0):
+            return jnp.asarray(1e-3 if dt0 is None else dt0, jnp.result_type(t0)), None, 0
+
+        def judge(self, t0, t1, dt, error, stepper, state, *, clipped, accept=None,
+                  dt_factor=None):
+            finite = jnp.isfinite(error)
+            accept = finite & (error <= 1) if accept is None else accept
+            next_dt = jnp.where(accept, 1.5, 0.5) * (t1 - t0)
+            return odeckpt.Decision(accept, next_dt, state, next_dt < 1e-12, finite)
+
+        def reject(self, t0, t1, dt, state):
+            next_dt = 0.5 * (t1 - t0)
+            return odeckpt.Decision(jnp.array(False), next_dt, state, next_dt < 1e-12,
+                                    jnp.array(True))
+
+    sol = odeckpt.solve(lambda t, y, args: -y, jnp.array([1.0]), (0.0, 1.0), rtol=1e-8,
+                        atol=1e-10, controller=Halving())
+    ```
+    """
+
+    rtol: eqx.AbstractVar[Tolerance | None]
+    atol: eqx.AbstractVar[Tolerance | None]
+
+    judges_error = True
+
+    def with_tolerances(self, rtol: Tolerance, atol: Tolerance) -> "AbstractAdaptiveController":
+        """This controller holding the steps to `rtol` and `atol` instead of its own."""
+        return dataclasses.replace(self, rtol=rtol, atol=atol)
+
+    def valid(self) -> BoolScalar:
+        """Whether the tolerances are positive and finite and `valid_settings` holds."""
+        tolerances = all_positive_finite(self.rtol) & all_positive_finite(self.atol)
+        return tolerances & jnp.asarray(self.valid_settings())
+
+    @abc.abstractmethod
+    def valid_settings(self) -> BoolScalar:
+        """Whether the settings other than the tolerances are valid (see `valid`)."""
+
+    def held_tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[Y, Y]:
+        """The tolerances `stepper`'s steps are held to (`effective_tolerances`, at the
+        resolution of each leaf's own dtype), per leaf of `y0`."""
+        if self.rtol is None or self.atol is None:
+            raise ValueError(
+                f"{type(self).__name__} has no tolerances (rtol={self.rtol}, atol={self.atol}). "
+                "Fix: pass it to `odeckpt.solve`, which fills them from its `rtol` and `atol`, "
+                "or set both."
+            )
+        exponent, reference = stepper.tolerance_exponent, stepper.tolerance_reference
+        rtol, atol = per_leaf(self.rtol, y0), per_leaf(self.atol, y0)
+        held = lambda i: (
+            lambda r, a, y: effective_tolerances(r, a, exponent, real_dtype(y), reference)[i]
+        )
+        return jax.tree.map(held(0), rtol, atol, y0), jax.tree.map(held(1), rtol, atol, y0)
+
+    def adapt(
+        self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
+    ):
+        if y_error is None:
+            raise ValueError(
+                f"{type(self).__name__} adapts the step size to the error estimate, and the "
+                f"{type(stepper).__name__} stepper has none. Fix: pass "
+                "`controller=odeckpt.ConstantStep()` with `dt0=...`."
+            )
+        # Step sizes are not differentiated (as in diffrax): the solution's derivative is that of
+        # the steps taken, the same for every adjoint, and free of the controller's
+        # ill-conditioned feedback.
+        error = scaled_error(y_error, y0, y1, *self.held_tolerances(stepper, y0))
+        error = jax.lax.stop_gradient(error.astype(t0.dtype))
+        return self.judge(
+            t0, t1, dt, error, stepper, state, clipped=clipped, accept=accept, dt_factor=dt_factor
+        )
+
+    @abc.abstractmethod
+    def judge(
+        self,
+        t0: Scalar,
+        t1: Scalar,
+        dt: Scalar,
+        error: Scalar,
+        stepper: AbstractStepper,
+        state: Y,
+        *,
+        clipped: BoolScalar,
+        accept: BoolScalar | None = None,
+        dt_factor: Scalar | None = None,
+    ) -> Decision:
+        """The verdict on the step from `t0` to `t1` whose scaled error norm is `error` (accept
+        when at most 1; NaN or inf when the step is not finite, which is never accepted), and
+        the next step size. The other arguments are those of `adapt`."""
+
+
 class ConstantStep(AbstractController):
     """Fixed step size `dt0` (given to `solve`). The solve takes exactly `ceil((t1 - t0) / dt0)`
     steps, the last one shortened to land on `t1`; a step whose end would fall within rounding
@@ -143,6 +283,7 @@ class ConstantStep(AbstractController):
     """
 
     judges_error = False
+    fixed_steps = True
 
     def check(self, stepper: AbstractStepper, dt0: float | None) -> None:
         if dt0 is None:
@@ -190,7 +331,7 @@ _EXAMPLES = dict(
 )  # fmt: skip
 
 
-class PIDController(AbstractController):
+class PIDController(AbstractAdaptiveController):
     """Adaptive step size from the embedded error estimate (Söderlind's PID form).
 
     The scaled error is the root mean square over all components of
@@ -231,10 +372,8 @@ class PIDController(AbstractController):
     Hairer, Nørsett & Wanner, *Solving ODEs I*, section II.4.
     """
 
-    judges_error = True
-
-    rtol: float | None = None
-    atol: float | None = None
+    rtol: Tolerance | None = None
+    atol: Tolerance | None = None
     pcoeff: float = 0.0
     icoeff: float = 1.0
     dcoeff: float = 0.0
@@ -290,11 +429,10 @@ class PIDController(AbstractController):
                 f"dtmax={self.dtmax}. Fix: swap them, or leave either unset (None)."
             )
 
-    def valid(self) -> BoolScalar:
-        """Whether the settings are valid (tolerances positive and finite, and the bounds
-        above); constant `True` unless some are traced, which `__check_init__` cannot check."""
-        ok = [all_positive_finite(self.rtol), all_positive_finite(self.atol)]
-        ok += [all_positive_finite(x) for x in (self.dtmin, self.dtmax) if x is not None]
+    def valid_settings(self) -> BoolScalar:
+        """Whether the settings other than the tolerances are valid (the bounds above);
+        constant `True` unless some are traced, which `__check_init__` cannot check."""
+        ok = [all_positive_finite(x) for x in (self.dtmin, self.dtmax) if x is not None]
         ok += [jnp.isfinite(x) for x in (self.pcoeff, self.icoeff, self.dcoeff)]
         ok += [0 < self.factormin, self.factormin < 1, 1 < self.factormax]
         ok += [0 < self.safety, self.safety <= 1]
@@ -310,14 +448,6 @@ class PIDController(AbstractController):
                 "`dt0=...`, or choose an adaptive solver such as 'tsit5' or 'dopri5'."
             )
 
-    def with_tolerances(self, rtol: float, atol: float) -> "PIDController":
-        """This controller with unset tolerances taken from `rtol` and `atol`."""
-        return dataclasses.replace(
-            self,
-            rtol=rtol if self.rtol is None else self.rtol,
-            atol=atol if self.atol is None else self.atol,
-        )
-
     def init(self, f, t0, y0, f0, args, stepper, dt0):
         # The last two inverse error norms, in one vector (one loop-carried leaf, not two).
         inverse_errors = jnp.ones((2,), jnp.result_type(t0))
@@ -332,7 +462,7 @@ class PIDController(AbstractController):
 
     def _initial_dt(self, f, t0, y0, f0, args, stepper) -> Scalar:
         """Hairer, Nørsett & Wanner, *Solving ODEs I*, II.4, "Starting step size"."""
-        rtol, atol = self._tolerances(stepper, y0)
+        rtol, atol = self.held_tolerances(stepper, y0)
         scale = jax.tree.map(lambda y, a, r: a + r * jnp.abs(y), y0, atol, rtol)
         d0 = rms(y0, scale)
         d1 = rms(f0, scale)
@@ -349,15 +479,7 @@ class PIDController(AbstractController):
         ).astype(t0.dtype)
         return jnp.minimum(100 * h0, h1)
 
-    def adapt(
-        self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
-    ):
-        assert y_error is not None and stepper.error_order is not None
-        # Step sizes are not differentiated (as in diffrax): the solution's derivative is that of
-        # the steps taken, the same for every adjoint, and free of the controller's
-        # ill-conditioned feedback.
-        error = scaled_error(y_error, y0, y1, *self._tolerances(stepper, y0))
-        error = jax.lax.stop_gradient(error.astype(t0.dtype))
+    def judge(self, t0, t1, dt, error, stepper, state, *, clipped, accept=None, dt_factor=None):
         # The loop folds non-finite components of y1 and f(t1, y1) into y_error (see
         # `IntegrationLoop.step`), so the error norm alone detects a non-finite step.
         finite = jnp.isfinite(error)
@@ -386,17 +508,6 @@ class PIDController(AbstractController):
             underflow=~(next_dt >= self._dtmin(t0, t1)),
             finite=finite,
         )
-
-    def _tolerances(self, stepper: AbstractStepper, y0: Y) -> tuple[Y, Y]:
-        """The tolerances `stepper`'s steps are held to (`effective_tolerances`, at the
-        resolution of each leaf's own dtype), per leaf of `y0`."""
-        assert self.rtol is not None and self.atol is not None
-        exponent, reference = stepper.tolerance_exponent, stepper.tolerance_reference
-        rtol, atol = per_leaf(self.rtol, y0), per_leaf(self.atol, y0)
-        held = lambda i: (
-            lambda r, a, y: effective_tolerances(r, a, exponent, real_dtype(y), reference)[i]
-        )
-        return jax.tree.map(held(0), rtol, atol, y0), jax.tree.map(held(1), rtol, atol, y0)
 
     def _pid_factor(self, stepper: AbstractStepper, inverse: Scalar, state: Y) -> Scalar:
         """The PID ratio of the next step size to this one, from the inverse error norms."""

@@ -1,6 +1,5 @@
 """The front door: `odeckpt.solve`."""
 
-import dataclasses
 import functools
 
 import equinox as eqx
@@ -11,7 +10,14 @@ import numpy as np
 from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._checks import tightest
-from ._controllers import AbstractController, ConstantStep, PIDController
+from ._controllers import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    AbstractAdaptiveController,
+    AbstractController,
+    ConstantStep,
+    PIDController,
+)
 from ._dense import DenseOutput
 from ._error_norm import below_resolution
 from ._events import Event, EventSet
@@ -25,9 +31,9 @@ from ._saveat import SaveAt
 from ._solution import Solution, Stats
 from ._status import Status
 from ._steppers import (
-    AbstractImplicit,
     AbstractStepper,
     Tsit5,
+    newton_rtol,
     stepper_from_name,
     with_newton_tolerances,
 )
@@ -42,8 +48,8 @@ def solve(
     *unexpected_positional,
     solver: AbstractStepper | str = Tsit5(),
     adjoint: AbstractAdjoint | str = "recursive",
-    rtol: Tolerance = 1e-6,
-    atol: Tolerance = 1e-8,
+    rtol: Tolerance | None = None,
+    atol: Tolerance | None = None,
     dt0: ScalarLike | None = None,
     controller: AbstractController | None = None,
     saveat: SaveAt | jax.Array | np.ndarray | None = None,
@@ -65,7 +71,9 @@ def solve(
     - `args`: anything `f` needs (arrays, equinox modules, ...).
     - `solver`: a stepper (`odeckpt.Tsit5()`, ...) or its name (`"dopri5"`).
     - `adjoint`: how the solve is differentiated (an adjoint object or its name).
-    - `rtol`, `atol`: tolerances of the adaptive step-size controller: positive numbers, or
+    - `rtol`, `atol`: tolerances of the adaptive step-size controller (`None`: 1e-6 and 1e-8,
+        or the controller's own where it sets them; setting one in both places is an error),
+        and of an implicit stepper's Newton iteration: positive numbers, or
         pytrees like `y0` whose leaves are numbers or arrays of the leaf's shape (a tolerance
         per component). They may be traced (`jax.jit` over a function of `rtol` compiles once
         for every value); a traced invalid value (NaN, zero, negative) ends the solve with
@@ -120,7 +128,8 @@ def solve(
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)
     t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
-    rtol, atol = validate.tolerance("rtol", rtol, y0), validate.tolerance("atol", atol, y0)
+    rtol = None if rtol is None else validate.tolerance("rtol", rtol, y0)
+    atol = None if atol is None else validate.tolerance("atol", atol, y0)
     max_steps = validate.count("max_steps", max_steps, "e.g. max_steps=4096")
     dt0 = validate.step_size(dt0, t0, t1)
     controller = _controller(controller, stepper, dt0, rtol, atol, y0)
@@ -149,7 +158,7 @@ def solve(
     known = direction is not None and dt_value is not None and (ts is None or ts_value is not None)
     known = known and (jumps is None or jumps_value is not None)
     # A terminal event or a jump changes the steps: their number is not known before the solve.
-    if isinstance(controller, ConstantStep) and known and events is None:
+    if controller.fixed_steps and known and events is None:
         per_step = saves_per_step(stepper)
         num_steps = constant_step_count(
             t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps, jumps_value
@@ -314,6 +323,9 @@ def _adjoint(adjoint) -> AbstractAdjoint:
 
 
 def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol, y0) -> AbstractController:
+    """The solve's controller, an adaptive one holding the steps to the solve's tolerances
+    (those it leaves `None`); raises, naming the fix, if tolerances are given twice, or to a
+    controller that judges the error estimate without taking tolerances."""
     if controller is None:
         controller = ConstantStep() if stepper.error_order is None else PIDController()
     if not isinstance(controller, AbstractController):
@@ -322,27 +334,44 @@ def _controller(controller, stepper: AbstractStepper, dt0, rtol, atol, y0) -> Ab
             "`odeckpt.PIDController(...)` or `odeckpt.ConstantStep()`."
         )
     controller.check(stepper, dt0)
-    if isinstance(controller, PIDController):
-        controller = controller.with_tolerances(rtol, atol)
-        # A controller's own tolerances get the checks of solve's (structure, shapes).
-        controller = dataclasses.replace(
-            controller,
-            rtol=validate.tolerance("PIDController(rtol)", controller.rtol, y0),
-            atol=validate.tolerance("PIDController(atol)", controller.atol, y0),
-        )
-    return controller
+    name = type(controller).__name__
+    if not isinstance(controller, AbstractAdaptiveController):
+        given = [n for n, value in (("rtol", rtol), ("atol", atol)) if value is not None]
+        if controller.judges_error and given:
+            raise ValueError(
+                f"solve({given[0]}=...) cannot reach controller={name}(...): it judges the error "
+                "estimate but takes no tolerances. Fix: make it a subclass of "
+                "`odeckpt.AbstractAdaptiveController` (fields `rtol` and `atol`, which the solve "
+                f"fills), or drop `{given[0]}=` from `solve` and set the controller's own."
+            )
+        return controller
+    for field, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and getattr(controller, field) is not None:
+            raise ValueError(
+                f"{field} is given twice: to `solve` and to {name}({field}=...). Fix: pass it "
+                "in one place (the controller's is kept when `solve`'s is None)."
+            )
+    # A controller's own tolerances get the checks of solve's (structure, shapes).
+    return controller.with_tolerances(
+        validate.tolerance(f"{name}(rtol)", _given(controller.rtol, rtol, DEFAULT_RTOL), y0),
+        validate.tolerance(f"{name}(atol)", _given(controller.atol, atol, DEFAULT_ATOL), y0),
+    )
+
+
+def _given(*values):
+    """The first of `values` that is not `None`."""
+    return next(value for value in values if value is not None)
 
 
 def _held_rtols(controller, stepper, adjoint) -> list[tuple[str, Tolerance]]:
-    """The `rtol`s that steps are held to, with their names: the controller's (with
-    `ConstantStep`, an implicit stepper's Newton iteration's), and an adjoint's own (of its
-    backward solve, or of the sensitivities: `BacksolveAdjoint`, `InterpolatingAdjoint`,
-    `ForwardSensitivity`)."""
+    """The `rtol`s that steps are held to, with their names: an adaptive controller's (else an
+    implicit stepper's Newton iteration's), and an adjoint's own (of its backward solve, or of
+    the sensitivities: `BacksolveAdjoint`, `InterpolatingAdjoint`, `ForwardSensitivity`)."""
     held = []
-    if isinstance(controller, PIDController):
+    if isinstance(controller, AbstractAdaptiveController):
         held.append(("rtol", controller.rtol))
-    elif isinstance(stepper, AbstractImplicit) and stepper.newton.rtol is not None:
-        held.append(("rtol", stepper.newton.rtol))
+    elif newton_rtol(stepper) is not None:
+        held.append(("rtol", newton_rtol(stepper)))
     own = getattr(adjoint, "rtol", None)
     if own is not None:
         held.append((f"{type(adjoint).__name__}(rtol)", own))
@@ -359,9 +388,11 @@ def _rtol_clamped(options: _Options, y0: Y) -> BoolScalar:
 
 
 def _newton_tolerances(stepper, controller, rtol, atol) -> AbstractStepper:
-    """An implicit stepper's Newton iteration converges to the tolerances of the controller."""
-    if isinstance(controller, PIDController):
+    """An implicit stepper's Newton iteration converges to the tolerances of the controller
+    (of the solve, with a controller that takes none)."""
+    if isinstance(controller, AbstractAdaptiveController):
         rtol, atol = controller.rtol, controller.atol
+    rtol, atol = _given(rtol, DEFAULT_RTOL), _given(atol, DEFAULT_ATOL)
     # Newton's norm is over flattened coordinates: one tolerance, the tightest.
     return with_newton_tolerances(stepper, tightest(rtol), tightest(atol))
 

@@ -365,6 +365,8 @@ class _Proposing(odeckpt.AbstractStepper):
     error_order: ClassVar[int | None] = 1
     fn_evals_per_step: ClassVar[int] = 1
     dense_degree: ClassVar[int] = 1
+    implicit: ClassVar[bool] = False
+    multistep: ClassVar[bool] = False
 
     def init(self, f, t0, y0, args):
         return f(t0, y0, args)

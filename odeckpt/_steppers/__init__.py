@@ -18,7 +18,10 @@ from ._explicit_rk import AbstractExplicitRK as AbstractExplicitRK
 from ._implicit import (
     AbstractImplicit as AbstractImplicit,
     AbstractProposer as AbstractProposer,
+    map_jac as map_jac,
+    newton_rtol as newton_rtol,
     with_newton_tolerances as with_newton_tolerances,
+    with_staggered_tangents as with_staggered_tangents,
 )
 from ._implicit_classic import ImplicitEuler as ImplicitEuler, Trapezoid as Trapezoid
 from ._implicit_tableau import ESDIRKTableau as ESDIRKTableau
@@ -33,3 +36,4 @@ from ._rosenbrock import (
 )
 from ._tableau import ButcherTableau as ButcherTableau
 from ._tsit5 import Tsit5 as Tsit5
+from ._wrapper import AbstractWrapper as AbstractWrapper

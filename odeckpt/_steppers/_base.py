@@ -90,6 +90,14 @@ class AbstractStepper(eqx.Module):
     real count)."""
     dense_degree: eqx.AbstractClassVar[int]
     """Degree of the continuous extension returned in `Step.dense`."""
+    implicit: eqx.AbstractClassVar[bool]
+    """Whether the stages are solved with the Jacobian of `f` (Newton, or a Rosenbrock method's
+    linear solves): a method for stiff problems. The continuous adjoints then read the forward
+    state from forward re-solves rather than integrating it backwards (unstable on stiff
+    problems)."""
+    multistep: eqx.AbstractClassVar[bool]
+    """Whether a step depends on a history of earlier steps carried in the stepper state (then
+    the stepper says which part of its state is differentiable: `differentiable_state`)."""
     state_is_derivative: ClassVar[bool] = False
     """Whether the stepper state is just `f(t, y, args)` at the current point (as `init`
     returns it), so a checkpoint may drop it and recompute it on restore."""
@@ -128,15 +136,27 @@ class AbstractStepper(eqx.Module):
     def differentiable_state(self, state: Y) -> Y:
         """The part of `state` that a step depends on differentiably, beyond `(y, args)`:
         what forward sensitivities differentiate a step with respect to, and carry a tangent
-        of from step to step. The default: `derivative(state)` (a multistep method adds its
-        history; a starting guess or a cache is not part of it)."""
+        of from step to step. The default, for a one-step method: `derivative(state)` (a
+        starting guess or a cache is not part of it); a multistep method adds its history and
+        must say so."""
+        self._one_step("differentiable_state")
         return self.derivative(state)
 
     def with_differentiable_state(self, state: Y, part: Y) -> Y:
         """`state` with its `differentiable_state` replaced by `part`; `derivative` of the
-        result is read from `part` alone. The default: the state is that derivative itself."""
+        result is read from `part` alone. The default, for a one-step method whose state is
+        that derivative itself: `part`."""
+        self._one_step("with_differentiable_state")
         del state
         return part
+
+    def _one_step(self, hook: str) -> None:
+        if self.multistep:
+            raise NotImplementedError(
+                f"{type(self).__name__} is a multistep method (`multistep = True`), so the "
+                f"one-step default of `{hook}` would drop its history. Fix: implement "
+                "`differentiable_state` and `with_differentiable_state` for its state."
+            )
 
     def with_fresh_jacobian(self, state: Y) -> Y:
         """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;

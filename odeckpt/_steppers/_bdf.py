@@ -205,6 +205,7 @@ class BDF(AbstractProposer):
     error_order: ClassVar[int | None] = 1
     fn_evals_per_step: ClassVar[int] = 1
     dense_degree: ClassVar[int] = MAX_ORDER
+    multistep: ClassVar[bool] = True
     tolerance_exponent: ClassVar[float] = 1.2
 
     def __check_init__(self):

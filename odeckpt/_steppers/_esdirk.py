@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -81,6 +81,7 @@ class AbstractESDIRK(AbstractImplicit):
     tableau: eqx.AbstractClassVar[ESDIRKTableau]
     newton: eqx.AbstractVar[AbstractNewton]
     jac: eqx.AbstractVar[Callable | None]
+    multistep: ClassVar[bool] = False
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> ImplicitState:
         """**Returns:** the state at the initial point (`ImplicitState.initial`)."""

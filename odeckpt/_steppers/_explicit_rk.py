@@ -60,6 +60,8 @@ class AbstractExplicitRK(AbstractStepper):
 
     tableau: eqx.AbstractClassVar[ButcherTableau]
     state_is_derivative: ClassVar[bool] = True
+    implicit: ClassVar[bool] = False
+    multistep: ClassVar[bool] = False
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
         """**Returns:** `f(t0, y0, args)`, the first stage of the first step."""

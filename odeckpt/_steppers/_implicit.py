@@ -3,6 +3,7 @@ configuration checks, and the tolerances they take from the solve."""
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -10,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._error_norm import effective_tolerances, real_dtype, scaled_error
-from .._newton import AbstractNewton, NewtonKrylov
-from .._types import Scalar, Y
+from .._newton import AbstractNewton, Newton, NewtonKrylov
+from .._types import Scalar, Tolerance, Y
 from ._base import AbstractStepper
 from ._rosenbrock import AbstractRosenbrock
 
@@ -41,6 +42,7 @@ class AbstractImplicit(AbstractStepper):
 
     newton: eqx.AbstractVar[AbstractNewton]
     jac: eqx.AbstractVar[Callable | None]
+    implicit: ClassVar[bool] = True
 
     def held_newton(self, dtype) -> AbstractNewton:
         """`newton` at the tolerances this stepper's steps are held to on a state of `dtype`
@@ -146,6 +148,22 @@ def with_newton_tolerances(
         changes["rtol"] = rtol if replace or stepper.rtol is None else stepper.rtol
         changes["atol"] = atol if replace or stepper.atol is None else stepper.atol
     return dataclasses.replace(stepper, **changes)
+
+
+def newton_rtol(stepper: AbstractStepper) -> Tolerance | None:
+    """The `rtol` an implicit stepper's Newton iteration converges to (`None`: none set, or a
+    stepper without one)."""
+    return stepper.newton.rtol if isinstance(stepper, AbstractImplicit) else None
+
+
+def with_staggered_tangents(stepper: AbstractStepper) -> AbstractStepper:
+    """`stepper` with its (chord) Newton method solving the stages' tangents by the staggered
+    corrector (the step's LU factors, `odeckpt.Newton(tangent_solve="staggered")`); a stepper
+    without one unchanged."""
+    if isinstance(stepper, AbstractImplicit) and isinstance(stepper.newton, Newton):
+        newton = dataclasses.replace(stepper.newton, tangent_solve="staggered")
+        return dataclasses.replace(stepper, newton=newton)
+    return stepper
 
 
 def map_jac(stepper: AbstractStepper, change: Callable) -> AbstractStepper:

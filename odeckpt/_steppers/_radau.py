@@ -184,6 +184,7 @@ class Radau5(AbstractProposer):
     name: ClassVar[str] = "radau"
     order: ClassVar[int] = 5
     error_order: ClassVar[int | None] = 3
+    multistep: ClassVar[bool] = False
     fn_evals_per_step: ClassVar[int] = 3
     dense_degree: ClassVar[int] = 3
     # Its error falls faster than the steps' tolerance (an order-3 estimate of an order-5

@@ -99,6 +99,8 @@ class AbstractRosenbrock(AbstractStepper):
     tableau: eqx.AbstractClassVar[RosenbrockTableau]
     jac: eqx.AbstractVar[Callable | None]
     state_is_derivative: ClassVar[bool] = True
+    implicit: ClassVar[bool] = True
+    multistep: ClassVar[bool] = False
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> Y:
         """**Returns:** `f(t0, y0, args)`, the first stage of the first step."""

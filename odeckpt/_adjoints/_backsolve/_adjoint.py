@@ -5,8 +5,6 @@ from collections.abc import Callable
 import equinox as eqx
 
 from ..._steppers._base import AbstractStepper
-from ..._steppers._implicit import AbstractImplicit
-from ..._steppers._rosenbrock import AbstractRosenbrock
 from ..._validate import count, python_int
 from ._anchors import Anchoring
 from ._continuous import ContinuousAdjoint
@@ -115,10 +113,7 @@ class BacksolveAdjoint(ContinuousAdjoint):
         return None if self.checkpoints is None else Anchoring(int(self.checkpoints), None)
 
     def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
-        return self.reconstruct == "forward" or (
-            self.reconstruct == "auto"
-            and isinstance(stepper, AbstractImplicit | AbstractRosenbrock)
-        )
+        return self.reconstruct == "forward" or (self.reconstruct == "auto" and stepper.implicit)
 
     def resolve_controller(self, loop, backward):
         # At the backward tolerances when the forward stepper can adapt to them.

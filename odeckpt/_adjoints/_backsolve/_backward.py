@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._controllers import ConstantStep, PIDController
+from ..._controllers import AbstractAdaptiveController
 from ..._error_norm import per_leaf, rms
 from ..._integrate import IntegrationLoop
 from ..._landing import after, before
@@ -92,7 +92,7 @@ class Backward(eqx.Module):
         it takes none in choosing the first step either (its derivative, measured against
         `atol` while `g = 0`, would make that step vanishingly small)."""
         controller, stepper = self.setup.controller, self.setup.error_stepper
-        if isinstance(controller, ConstantStep):
+        if not isinstance(controller, AbstractAdaptiveController):
             return self.init.dt
         if not self.setup.seminorm:
             return controller.init(field, s0, z, field(s0, z, args), args, stepper, None)[0]
@@ -131,11 +131,11 @@ class Backward(eqx.Module):
         are as accurate as the looser one). The stats fail if it exceeds `setup.max_drift`;
         after constant backward steps there are no tolerances to measure it in, and it is 0."""
         backward, dtype = self.setup.controller, self.init.t.dtype
-        if isinstance(backward, ConstantStep):
+        if not isinstance(backward, AbstractAdaptiveController):
             drift = jnp.zeros((), dtype)
         else:
             rtol, atol = per_leaf(backward.rtol, y), per_leaf(backward.atol, y)
-            if isinstance(self.loop.controller, PIDController):
+            if isinstance(self.loop.controller, AbstractAdaptiveController):
                 looser = lambda b, f: jax.tree.map(jnp.maximum, b, per_leaf(f, y))
                 rtol = looser(rtol, self.loop.controller.rtol)
                 atol = looser(atol, self.loop.controller.atol)

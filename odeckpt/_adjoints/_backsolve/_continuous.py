@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import known_values, tightest
-from ..._controllers import AbstractController, PIDController
+from ..._controllers import AbstractAdaptiveController, AbstractController, PIDController
 from ..._integrate import IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
@@ -122,7 +122,7 @@ class ContinuousAdjoint(AbstractAdjoint):
         controller = self._controller(loop.controller)
         stepper = loop.stepper if self.solver is None else self.solver
         held = loop.stepper
-        if isinstance(controller, PIDController):
+        if isinstance(controller, AbstractAdaptiveController):
             if stepper.error_order is None:
                 raise ValueError(
                     f"{name}: the backward stepper {type(stepper).__name__} has no error "
@@ -164,20 +164,32 @@ class ContinuousAdjoint(AbstractAdjoint):
         )  # fmt: skip
 
     def _controller(self, controller: AbstractController) -> AbstractController:
-        """The backward solve's controller: the forward one at the backward tolerances."""
-        if isinstance(controller, PIDController):
+        """The backward solve's controller: the forward one at the backward tolerances (after a
+        solve whose controller takes no tolerances: an adaptive `PIDController` at the
+        backward tolerances, or the forward controller itself if it does not judge errors)."""
+        name = type(self).__name__
+        if isinstance(controller, AbstractAdaptiveController):
             # The augmented state is not shaped like y: tolerances per leaf become one number.
-            return dataclasses.replace(
-                controller,
-                rtol=tightest(controller.rtol) if self.rtol is None else self.rtol,
-                atol=tightest(controller.atol) if self.atol is None else self.atol,
+            return controller.with_tolerances(
+                tightest(controller.rtol) if self.rtol is None else self.rtol,
+                tightest(controller.atol) if self.atol is None else self.atol,
+            )
+        if controller.judges_error:
+            raise ValueError(
+                f"{name}: the forward controller {type(controller).__name__} judges the error "
+                "estimate but takes no tolerances, so neither the backward solve nor the check "
+                "of the reconstructed state against the forward one (`max_drift`) knows how "
+                "accurate the forward solution is. Fix: make the controller a subclass of "
+                "`odeckpt.AbstractAdaptiveController` (fields `rtol` and `atol`), or use "
+                "adjoint='recursive'."
             )
         if self.rtol is None and self.atol is None:
             return controller
         if self.rtol is None or self.atol is None:
             raise ValueError(
-                f"{type(self).__name__} after a constant-step solve needs both `rtol` and "
-                "`atol` for an adaptive backward solve (or neither, for constant steps)."
+                f"{name} after a solve whose controller takes no tolerances needs both `rtol` "
+                "and `atol` for an adaptive backward solve (or neither, for the forward "
+                "controller's steps)."
             )
         return PIDController(rtol=self.rtol, atol=self.atol)
 

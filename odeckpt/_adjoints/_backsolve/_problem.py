@@ -8,8 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._steppers._base import AbstractStepper, Step
-from ..._steppers._implicit import map_jac
+from ..._steppers import AbstractStepper, AbstractWrapper, Step, map_jac
 from ..._types import Args, Scalar, Y
 
 
@@ -72,8 +71,8 @@ class _JacobianOfF(eqx.Module):
         return self.jac(tau, y, args)
 
 
-class Seminorm(AbstractStepper):
-    """`inner` with the error estimate of the parameter integral (the last part of the
+class Seminorm(AbstractWrapper):
+    """`stepper` with the error estimate of the parameter integral (the last part of the
     backward state) set to zero, and that of the rest (the state and adjoint, or the adjoint
     alone) rescaled so that the controller's root mean square over all components equals the
     one over the rest alone.
@@ -82,24 +81,16 @@ class Seminorm(AbstractStepper):
     Adjoints via Seminorms", ICML 2021.
     """
 
-    inner: AbstractStepper
-
-    name = property(lambda self: self.inner.name)
-    order = property(lambda self: self.inner.order)
-    error_order = property(lambda self: self.inner.error_order)
-    fn_evals_per_step = property(lambda self: self.inner.fn_evals_per_step)
-    dense_degree = property(lambda self: self.inner.dense_degree)
-    tolerance_exponent = property(lambda self: self.inner.tolerance_exponent)
-    tolerance_reference = property(lambda self: self.inner.tolerance_reference)
+    stepper: AbstractStepper
 
     def init(self, f, t0, y0, args):
-        return self.inner.init(f, t0, y0, args)
+        return self.stepper.init(f, t0, y0, args)
 
     def derivative(self, state):
-        return self.inner.derivative(state)
+        return self.stepper.derivative(state)
 
     def step(self, f, t0, t1, y0, args, state) -> Step:
-        step = self.inner.step(f, t0, t1, y0, args, state)
+        step = self.stepper.step(f, t0, t1, y0, args, state)
         if step.y_error is None:
             return step
         *error_state, error_g = step.y_error

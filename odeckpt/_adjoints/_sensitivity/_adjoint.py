@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import known_values
+from ..._controllers import AbstractAdaptiveController, AbstractController
 from ..._integrate import IntegrationLoop
 from ..._loop_state import LoopState
-from ..._newton import Newton
 from ..._outputs import Outputs
 from ..._real_coordinates import RealCoordinates
-from ..._steppers._implicit import AbstractImplicit
+from ..._steppers import with_staggered_tangents
 from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
 from ._solve import Integrated, SensitivityInputs, checked, integrated, sensitivities
@@ -115,12 +115,15 @@ class ForwardSensitivity(AbstractAdjoint):
                 "SaveAt(steps=True) / SaveAt(dense=True) and pass the times you need as "
                 "SaveAt(ts=...), or use adjoint='recursive'."
             )
+        self._check_controller(loop.controller)
         # Closed-over arrays of `f` become explicit leaves: they get sensitivities like `args`.
         f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
         events = loop.events
         if events is not None:
             events = events.closure_converted("ForwardSensitivity", state.t, state.y, loop.args)
-        loop = dataclasses.replace(loop, f=f, stepper=_staggered(loop.stepper), events=events)
+        loop = dataclasses.replace(
+            loop, f=f, stepper=with_staggered_tangents(loop.stepper), events=events
+        )
         inputs = SensitivityInputs(loop, state, outputs)
         arguments = _Arguments.of(inputs, (self.rtol, self.atol))
         arrays, static = eqx.partition(arguments, eqx.is_array)
@@ -150,6 +153,28 @@ class ForwardSensitivity(AbstractAdjoint):
             primal, sweeps, arrays, second_order_error=SECOND_ORDER_ERROR
         )
         return RunResult(final, outputs, GradientStats.none())
+
+    def _check_controller(self, controller: AbstractController) -> None:
+        """Raise, naming the fix, where the sensitivities' error control cannot be applied:
+        a controller that judges the error estimate but takes no tolerances, or tolerances of
+        the sensitivities with constant steps."""
+        if isinstance(controller, AbstractAdaptiveController):
+            return
+        name = type(controller).__name__
+        if controller.judges_error:
+            raise ValueError(
+                f"ForwardSensitivity holds the sensitivities' error to tolerances in the "
+                f"step-size control, and the controller {name} judges the error estimate "
+                "without taking tolerances. Fix: make it a subclass of "
+                "`odeckpt.AbstractAdaptiveController`, or use adjoint='recursive'."
+            )
+        if self.rtol is not None or self.atol is not None:
+            raise ValueError(
+                f"ForwardSensitivity(rtol=..., atol=...) hold the sensitivities' error in the "
+                f"step-size control, and the controller {name} takes steps whatever the error. "
+                "Fix: drop ForwardSensitivity's tolerances, or solve with an adaptive "
+                "controller (`odeckpt.PIDController()`)."
+            )
 
 
 SECOND_ORDER_ERROR = (
@@ -183,16 +208,6 @@ class _Arguments(NamedTuple):
     def inputs(self) -> SensitivityInputs:
         loop = dataclasses.replace(self.loop, jump_ts=self.jump_ts)
         return SensitivityInputs(loop, self.init, self.outputs)
-
-
-def _staggered(stepper):
-    """`stepper` with its Newton method solving the stages' sensitivities by the staggered
-    corrector (the step's LU factors)."""
-    if isinstance(stepper, AbstractImplicit) and isinstance(stepper.newton, Newton):
-        return dataclasses.replace(
-            stepper, newton=dataclasses.replace(stepper.newton, tangent_solve="staggered")
-        )
-    return stepper
 
 
 def _zeros_like_out(out):

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._controllers import PIDController
+from ..._controllers import AbstractAdaptiveController
 from ..._error_norm import per_leaf, rms
 from ..._events import EventState
 from ..._integrate import IntegrationLoop
@@ -197,7 +197,7 @@ def _near(controller, y: Y, other: Y) -> jax.Array:
     """Whether `other` lies within `MAX_TRAJECTORY_DIFFERENCE` of `y` in the tolerances of
     `controller` (always, for constant steps: both solves then take the same steps, and the
     same crossings)."""
-    if not isinstance(controller, PIDController):
+    if not isinstance(controller, AbstractAdaptiveController):
         return jnp.array(True)
     rtol, atol = per_leaf(controller.rtol, y), per_leaf(controller.atol, y)
     scale = jax.tree.map(

@@ -9,7 +9,6 @@ the state's linear algebra (see `odeckpt.Newton(tangent="staggered")`), its erro
 embedded estimate of the sensitivities.
 """
 
-import dataclasses
 import functools
 
 import equinox as eqx
@@ -18,9 +17,9 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..._checks import all_finite, tightest
-from ..._controllers import AbstractController, PIDController, all_positive_finite
-from ..._error_norm import resolvable_rtol
-from ..._steppers._base import AbstractStepper, Step
+from ..._controllers import AbstractAdaptiveController, AbstractController, all_positive_finite
+from ..._error_norm import effective_tolerances, real_dtype
+from ..._steppers import AbstractStepper, AbstractWrapper, Step
 from ..._types import Args, Scalar, VectorField, Y
 
 
@@ -56,21 +55,12 @@ def differentiable_part(f: VectorField, args: Args):
     return eqx.partition((f, args), eqx.is_inexact_array)
 
 
-class SensitivityStepper(AbstractStepper):
+class SensitivityStepper(AbstractWrapper):
     """Advances `Augmented(y, s)` with `stepper`: the step of `y`, and its derivative along each
     direction (`s` for the state, `SensitivityArgs.directions` for the parameters, `ds` for the
     derivative part of the stepper state) with the step's times fixed."""
 
     stepper: AbstractStepper
-
-    name = property(lambda self: self.stepper.name)
-    order = property(lambda self: self.stepper.order)
-    error_order = property(lambda self: self.stepper.error_order)
-    fn_evals_per_step = property(lambda self: self.stepper.fn_evals_per_step)
-    dense_degree = property(lambda self: self.stepper.dense_degree)
-    # The augmented steps are held to the tolerances the stepper holds its own steps to.
-    tolerance_exponent = property(lambda self: self.stepper.tolerance_exponent)
-    tolerance_reference = property(lambda self: self.stepper.tolerance_reference)
 
     def init(self, f, t0, y0: Augmented, args: SensitivityArgs) -> SensitivityState:
         inner = self.stepper
@@ -142,7 +132,9 @@ class MaxNormController(AbstractController):
     error norms of the state and of each direction's sensitivities (as CVODES does with
     `errconS`: its `cvSensUpdateNorm`), each with the weights `atol + rtol max(|y0|, |y1|)` of
     its own values. The sensitivities are scaled (see `ForwardSensitivity`), so one `atol`
-    serves all of them: `atol` (and `rtol`) here, or the controller's where `None`."""
+    serves all of them: `atol` (and `rtol`) here, or the controller's where `None`. A
+    controller that takes no tolerances (constant steps) steps the augmented state as it
+    would the state."""
 
     controller: AbstractController
     rtol: float | None = None
@@ -168,22 +160,26 @@ class MaxNormController(AbstractController):
         self, t0, t1, dt, y0, y1, y_error, stepper, state, *, clipped, accept=None, dt_factor=None
     ):
         controller = self.controller
-        if isinstance(controller, PIDController):
-            # One tolerance for every component (the tightest of those given per leaf): the
-            # sensitivities are not shaped like the state.
-            controller = dataclasses.replace(
-                controller, rtol=tightest(controller.rtol), atol=tightest(controller.atol)
-            )
-        if y_error is None or not isinstance(controller, PIDController):
+        if y_error is None or not isinstance(controller, AbstractAdaptiveController):
             return controller.adapt(
                 t0, t1, dt, y0, y1, y_error, stepper, state, clipped=clipped, accept=accept,
                 dt_factor=dt_factor,
             )  # fmt: skip
+        # One tolerance for every component (the tightest of those given per leaf): the
+        # sensitivities are not shaped like the state.
+        rtol, atol = tightest(controller.rtol), tightest(controller.atol)
+        state_tolerances = (rtol, atol)
+        sens_tolerances = (
+            rtol if self.rtol is None else self.rtol,
+            atol if self.atol is None else self.atol,
+        )
 
         def mean_squares(error, a, b, axis):
             """Per group: the mean over its components of `(error / weight)^2`."""
-            rtol, atol = (controller.rtol, controller.atol) if axis == 0 else tolerances
-            rtol = resolvable_rtol(rtol, a.dtype)  # as the controller holds its own steps
+            rtol, atol = state_tolerances if axis == 0 else sens_tolerances
+            # Held as the controller holds the stepper's own steps (`held_tolerances`).
+            exponent, reference = stepper.tolerance_exponent, stepper.tolerance_reference
+            rtol, atol = effective_tolerances(rtol, atol, exponent, real_dtype(a), reference)
             weight = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
             squares = jnp.abs(error / weight) ** 2
             return jnp.mean(squares.reshape(squares.shape[:axis] + (-1,)), axis=-1)
@@ -198,17 +194,11 @@ class MaxNormController(AbstractController):
             size = sum(n for _, n in leaves)
             return sum(m * n for m, n in leaves) / max(size, 1)
 
-        tolerances = (
-            controller.rtol if self.rtol is None else self.rtol,
-            controller.atol if self.atol is None else self.atol,
-        )
         state_ms = group(y_error.y, y0.y, y1.y, 0)
         sens_ms = group(y_error.s, y0.s, y1.s, 1)
         # NaN anywhere stays NaN (jnp.max propagates it).
         worst = jnp.sqrt(jnp.max(jnp.concatenate([state_ms[None], sens_ms])))
-        # The controller sees one component whose weighted error is `worst`.
-        zero = jnp.zeros((1,), jnp.result_type(worst))
-        return controller.adapt(
-            t0, t1, dt, zero, zero, (worst * controller.atol)[None], stepper, state,
-            clipped=clipped, accept=accept, dt_factor=dt_factor,
-        )  # fmt: skip
+        worst = jax.lax.stop_gradient(worst.astype(t0.dtype))
+        return controller.judge(
+            t0, t1, dt, worst, stepper, state, clipped=clipped, accept=accept, dt_factor=dt_factor
+        )
