@@ -21,14 +21,14 @@ if TYPE_CHECKING:
         InterpolatingAdjoint as InterpolatingAdjoint,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
-    from ._controllers import (
+    from ._loop import (
         AbstractAdaptiveController as AbstractAdaptiveController,
         AbstractController as AbstractController,
         ConstantStep as ConstantStep,
         Decision as Decision,
+        Event as Event,
         PIDController as PIDController,
     )
-    from ._events import Event as Event
     from ._memory import (
         CompiledMemory as CompiledMemory,
         MemoryReport as MemoryReport,

@@ -10,7 +10,7 @@ import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Float
 
-from ._dense import DenseOutput
+from ._loop import DenseOutput
 from ._status import Status
 from ._types import BoolScalar, IntScalar, Scalar, Y
 

@@ -10,23 +10,28 @@ import numpy as np
 from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._checks import tightest
-from ._controllers import (
+from ._error_norm import below_resolution
+from ._loop import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     AbstractAdaptiveController,
     AbstractController,
     ConstantStep,
+    DenseOutput,
+    DistinctSaveTimes,
+    Event,
+    EventSet,
+    IntegrationLoop,
+    LoopState,
+    Outputs,
     PIDController,
+    ProgressBar,
+    ProgressMeter,
+    constant_step_count,
+    saves_per_step,
+    vector_field_in_internal_time,
 )
-from ._dense import DenseOutput
-from ._error_norm import below_resolution
-from ._events import Event, EventSet
-from ._integrate import IntegrationLoop, vector_field_in_internal_time
-from ._landing import constant_step_count, saves_per_step
-from ._loop_state import LoopState
 from ._on_failure import nan_derivatives_if, raise_if_failed
-from ._outputs import DistinctSaveTimes, Outputs
-from ._progress import ProgressBar, ProgressMeter
 from ._saveat import SaveAt
 from ._solution import Solution, Stats
 from ._status import Status

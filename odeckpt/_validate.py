@@ -10,7 +10,7 @@ import numpy as np
 
 from ._checks import known_values
 from ._error_norm import per_leaf
-from ._events import Event
+from ._loop import Event
 from ._types import Args, Scalar, VectorField, Y
 
 

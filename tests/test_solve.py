@@ -324,7 +324,7 @@ def test_constant_step_count_is_predicted_exactly_many():
 
 
 def _check_constant_step_counts(cases: int, seed: int) -> None:
-    from odeckpt._landing import constant_step_count, saves_per_step
+    from odeckpt._loop._landing import constant_step_count, saves_per_step
 
     rng = np.random.default_rng(seed)
     for _ in range(cases):
@@ -352,7 +352,7 @@ def _check_constant_step_counts(cases: int, seed: int) -> None:
 
 
 def test_step_record_packs_its_decisions_in_one_byte():
-    from odeckpt._loop_state import StepRecord
+    from odeckpt._loop._state import StepRecord
 
     verdicts = [
         StepRecord.rejected, StepRecord.accepted, StepRecord.newton_failed, StepRecord.nonfinite

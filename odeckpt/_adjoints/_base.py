@@ -11,9 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._integrate import IntegrationLoop
-from .._loop_state import LoopState
-from .._outputs import Outputs
+from .._loop import IntegrationLoop, LoopState, Outputs
 from .._types import IntScalar
 
 

@@ -9,9 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._integrate import IntegrationLoop
-from .._loop_state import LoopState
-from .._outputs import Outputs, written_groups
+from .._loop import IntegrationLoop, LoopState, Outputs, written_groups
 from .._validate import count
 from ..checkpointing import (
     Plan,

@@ -6,8 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._loop_state import LoopState
-from ..._outputs import Writes
+from ..._loop import LoopState, Writes
 from .._base import AbstractWatch
 from ._stops import StoredStates
 

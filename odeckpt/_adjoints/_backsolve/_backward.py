@@ -9,12 +9,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._controllers import AbstractAdaptiveController
 from ..._error_norm import per_leaf, rms
-from ..._integrate import IntegrationLoop
-from ..._landing import after, before
-from ..._loop_state import LoopState
-from ..._outputs import Outputs
+from ..._loop import AbstractAdaptiveController, IntegrationLoop, LoopState, Outputs, after, before
 from ..._saveat import SaveAt
 from ..._status import Status
 from ..._types import BoolScalar, IntScalar, Scalar

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import known_values, tightest
-from ..._controllers import AbstractAdaptiveController, AbstractController, PIDController
-from ..._integrate import IntegrationLoop
+from ..._loop import AbstractAdaptiveController, AbstractController, IntegrationLoop, PIDController
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
 from ..._steppers._implicit import map_jac, with_newton_tolerances

@@ -10,9 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._checks import all_finite
-from ..._integrate import IntegrationLoop
-from ..._loop_state import LoopState
-from ..._outputs import Outputs
+from ..._loop import IntegrationLoop, LoopState, Outputs
 from ..._status import Status
 from ...checkpointing import Sweeps, differentiable
 from .._base import while_loop

@@ -4,8 +4,7 @@ from collections.abc import Callable
 
 import equinox as eqx
 
-from ..._controllers import AbstractController
-from ..._integrate import IntegrationLoop
+from ..._loop import AbstractController, IntegrationLoop
 from ..._saveat import SaveAt
 from ..._steppers._base import AbstractStepper
 from ..._types import Scalar

@@ -9,10 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._checks import all_finite
-from ..._integrate import IntegrationLoop
-from ..._landing import after, before
-from ..._loop_state import LoopState
-from ..._outputs import Outputs
+from ..._loop import IntegrationLoop, LoopState, Outputs, after, before
 from ..._steppers._base import AbstractStepper
 from ..._types import Y
 from ._problem import Problem, pair

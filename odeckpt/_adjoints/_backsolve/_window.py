@@ -7,10 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..._dense import piecewise
-from ..._integrate import IntegrationLoop
-from ..._loop_state import LoopState
-from ..._outputs import Outputs, Writes
+from ..._loop import IntegrationLoop, LoopState, Outputs, Writes, piecewise
 from ..._status import Status
 from ..._types import BoolScalar, Scalar, Y
 from .._base import AbstractWatch, while_loop

@@ -10,10 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._checks import known_values
-from ..._controllers import AbstractAdaptiveController, AbstractController
-from ..._integrate import IntegrationLoop
-from ..._loop_state import LoopState
-from ..._outputs import Outputs
+from ..._loop import (
+    AbstractAdaptiveController,
+    AbstractController,
+    IntegrationLoop,
+    LoopState,
+    Outputs,
+)
 from ..._real_coordinates import RealCoordinates
 from ..._steppers import with_staggered_tangents
 from ...checkpointing import Sweeps, differentiable

@@ -20,8 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._events import Event, EventSet
-from ..._landing import after, before
+from ..._loop import Event, EventSet, after, before
 from ..._types import Scalar, VectorField, Y
 from ._stepper import Augmented, SensitivityArgs, differentiable_part
 

@@ -8,12 +8,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._controllers import AbstractAdaptiveController
 from ..._error_norm import per_leaf, rms
-from ..._events import EventState
-from ..._integrate import IntegrationLoop
-from ..._loop_state import LoopState
-from ..._outputs import Outputs
+from ..._loop import AbstractAdaptiveController, EventState, IntegrationLoop, LoopState, Outputs
 from ..._status import Status
 from ..._types import Y
 from .._base import while_loop

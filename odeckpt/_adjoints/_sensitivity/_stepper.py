@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..._checks import all_finite, tightest
-from ..._controllers import AbstractAdaptiveController, AbstractController, all_positive_finite
 from ..._error_norm import effective_tolerances, real_dtype
+from ..._loop import AbstractAdaptiveController, AbstractController, all_positive_finite
 from ..._steppers import AbstractStepper, AbstractWrapper, Step
 from ..._types import Args, Scalar, VectorField, Y
 

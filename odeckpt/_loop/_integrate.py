@@ -16,18 +16,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._checks import all_finite, with_nonfinite
+from .._checks import all_finite, with_nonfinite
+from .._saveat import SaveAt
+from .._status import Status
+from .._steppers._base import AbstractStepper, Step
+from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._controllers import AbstractController
 from ._dense import derivative, polynomial
 from ._events import Crossing, EventSet, EventState, restrict
 from ._landing import after, before, lands, next_jump, next_stop, saves_in_step, saves_per_step
-from ._loop_state import LoopState, StepRecord, failure_status
 from ._outputs import Outputs, Rows, TimedRows, Writes
 from ._progress import ProgressMeter
-from ._saveat import SaveAt
-from ._status import Status
-from ._steppers._base import AbstractStepper, Step
-from ._types import Args, IntScalar, Scalar, VectorField, Y
+from ._state import LoopState, StepRecord, failure_status
 
 
 class IntegrationLoop(eqx.Module):

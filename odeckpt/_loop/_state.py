@@ -6,9 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from .._status import Status
+from .._types import Scalar, Y
 from ._events import EventState
-from ._status import Status
-from ._types import Scalar, Y
 
 
 class _Counter:

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from .._types import Args, BoolScalar, IntScalar, Scalar, Y
 from ._dense import polynomial
-from ._types import Args, BoolScalar, IntScalar, Scalar, Y
 
 SUBDIVISIONS = 8
 """Each accepted step is sampled on this many equal pieces of its interpolant before

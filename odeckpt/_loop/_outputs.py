@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ._checks import all_finite
+from .._checks import all_finite
+from .._types import Y
 from ._landing import distinct_save_times
-from ._types import Y
 
 
 class TimedRows(eqx.Module):

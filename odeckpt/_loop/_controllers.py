@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import known_values
-from ._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
+from .._checks import known_values
+from .._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
+from .._steppers._base import AbstractStepper
+from .._types import Args, BoolScalar, Scalar, Tolerance, VectorField, Y
 from ._landing import resolves
-from ._steppers._base import AbstractStepper
-from ._types import Args, BoolScalar, Scalar, Tolerance, VectorField, Y
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
 """The tolerances of a solve that sets none (`solve(rtol=None, atol=None)` and an adaptive

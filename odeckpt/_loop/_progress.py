@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import tqdm.auto
 
-from ._types import Scalar, Y
+from .._types import Scalar, Y
 
 
 class ProgressBar:

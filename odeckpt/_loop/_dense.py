@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._types import IntScalar, Scalar, Y
+from .._types import IntScalar, Scalar, Y
 
 
 def polynomial(coeffs: Array, theta: Array) -> Array:
