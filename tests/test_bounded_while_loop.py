@@ -12,10 +12,9 @@ import pytest
 from hypothesis import given, settings
 from selection import slow_unless
 
+from odeckpt._autodiff import _tree, forward_only
 from odeckpt.checkpointing import (
-    _tree,
     bounded_while_loop,
-    forward_only,
     recomputed_steps,
     schedules,
     while_loop_plan,

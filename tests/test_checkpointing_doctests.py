@@ -7,9 +7,9 @@ import pytest
 
 MODULES = [
     "odeckpt.checkpointing._checkpoint_layers",
-    "odeckpt.checkpointing._custom",
+    "odeckpt._autodiff._custom",
     "odeckpt.checkpointing._layers",
-    "odeckpt.checkpointing._linear",
+    "odeckpt._autodiff._linear",
     "odeckpt.checkpointing._recomputation",
     "odeckpt.checkpointing._scan",
     "odeckpt.checkpointing._stacking",

@@ -1,5 +1,5 @@
-"""`odeckpt.checkpointing.differentiable`: one rule for forward and reverse mode, and calls that
-are differentiable in reverse mode only."""
+"""`odeckpt._autodiff.differentiable` (the rule of the checkpointing engine and the adjoints):
+one rule for forward and reverse mode, and calls that are differentiable in reverse mode only."""
 
 from typing import NamedTuple
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from odeckpt.checkpointing import Sweeps, differentiable
+from odeckpt._autodiff import Sweeps, differentiable
 
 
 class Args(NamedTuple):

@@ -1,6 +1,6 @@
 """`ForwardMode`: the integration loop in a plain while loop, differentiated in forward mode."""
 
-from ..checkpointing import forward_only
+from .._autodiff import forward_only
 from ._base import AbstractAdjoint, GradientStats, RunResult, span_derivative, while_loop
 
 

@@ -14,9 +14,7 @@ from .._lazy import lazy_namespace
 if TYPE_CHECKING:
     from . import schedules as schedules
     from ._checkpoint_layers import checkpoint_layers as checkpoint_layers
-    from ._custom import Sweeps as Sweeps, differentiable as differentiable
     from ._layers import checkpointed_layers as checkpointed_layers
-    from ._linear import forward_only as forward_only
     from ._recomputation import recomputed_steps as recomputed_steps
     from ._scan import checkpointed_scan as checkpointed_scan, scan_plan as scan_plan
     from ._vmap import any_lane as any_lane

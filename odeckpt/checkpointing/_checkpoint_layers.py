@@ -6,7 +6,8 @@ import equinox as eqx
 import jax.random as jr
 import jax.tree_util as jtu
 
-from . import _stacking, _tree
+from .._autodiff import _tree
+from . import _stacking
 from ._indexed import indexed_scan
 from ._layers import apply_unit, keeps_carry, unit_step
 

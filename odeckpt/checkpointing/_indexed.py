@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _tree
-from ._custom import Sweeps, convert, differentiable
+from .._autodiff import Sweeps, _tree, convert, differentiable
 
 
 class _Operands(NamedTuple):

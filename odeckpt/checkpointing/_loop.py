@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _tree
+from .._autodiff import _tree
 from ._vmap import any_lane
 from .schedules import BinomialTable, Ops, Schedule
 

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _host, _tree
+from .._autodiff import _tree
+from . import _host
 from ._loop import EngineLoop, LoopInputs, Reversal, initial_cotangents, reverse_body, step_forward
 
 _INT = jnp.int32

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _loop, _offload, _tree
-from ._custom import Sweeps, differentiable
+from .._autodiff import Sweeps, _tree, differentiable
+from . import _loop, _offload
 from ._loop import EngineLoop, LoopInputs
 from ._vmap import any_lane
 from .schedules import Plan

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from . import _host, _tree, schedules
-from ._custom import convert
+from .._autodiff import _tree, convert
+from . import _host, schedules
 from ._loop import EngineLoop, LoopInputs, Stepped
 from ._regimes import check_plan, run
 from .schedules import Plan

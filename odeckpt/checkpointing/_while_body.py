@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _tree
-from ._custom import convert
+from .._autodiff import _tree, convert
 from ._loop import RECORDED_STEPS, EngineLoop, Stepped
 from ._vmap import lane_running
 

@@ -7,7 +7,8 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from . import _host, _tree, schedules
+from .._autodiff import _tree
+from . import _host, schedules
 from ._loop import EngineLoop, LoopInputs
 from ._regimes import check_plan, run
 from ._while_body import (

@@ -9,10 +9,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._autodiff import Sweeps, differentiable
 from ..._checks import all_finite
 from ..._loop import IntegrationLoop, LoopState, Outputs
 from ..._status import Status
-from ...checkpointing import Sweeps, differentiable
 from .._base import while_loop
 from ._anchors import Anchoring
 from ._backward import Backward, BackwardStats, solve_backwards, solve_with_forward_states

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..._autodiff import Sweeps, differentiable
 from ..._checks import known_values
 from ..._loop import (
     AbstractAdaptiveController,
@@ -19,7 +20,6 @@ from ..._loop import (
 )
 from ..._real_coordinates import RealCoordinates
 from ..._steppers import with_staggered_tangents
-from ...checkpointing import Sweeps, differentiable
 from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
 from ._solve import Integrated, SensitivityInputs, checked, integrated, sensitivities
 

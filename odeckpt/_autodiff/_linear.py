@@ -68,7 +68,7 @@ def forward_only(tree: Any, error: Exception) -> Any:
 
     ```python
     >>> import jax, jax.numpy as jnp
-    >>> from odeckpt.checkpointing import forward_only
+    >>> from odeckpt._autodiff import forward_only
     >>> f = lambda x: forward_only(jnp.sin(x), TypeError("forward mode only: use jax.jvp"))
     >>> float(jax.jacfwd(f)(0.0))
     1.0

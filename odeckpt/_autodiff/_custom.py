@@ -37,7 +37,7 @@ class Sweeps(NamedTuple):
     ```python
     >>> import jax.numpy as jnp
     >>> from typing import NamedTuple
-    >>> from odeckpt.checkpointing import Sweeps
+    >>> from odeckpt._autodiff import Sweeps
     >>> class Args(NamedTuple):
     ...     x: jnp.ndarray
     >>> sweeps = Sweeps(forward=lambda args: (jnp.sin(args.x), jnp.cos(args.x)),
@@ -92,7 +92,7 @@ def differentiable(
     ```python
     >>> import jax
     >>> from typing import NamedTuple
-    >>> from odeckpt.checkpointing import Sweeps, differentiable
+    >>> from odeckpt._autodiff import Sweeps, differentiable
     >>> class Args(NamedTuple):
     ...     x: jax.Array
     >>> cube = lambda args: args.x**3

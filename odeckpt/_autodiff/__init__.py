@@ -1,0 +1,12 @@
+"""Differentiation rules of our own, for the checkpointing engine and the adjoints alike: one
+custom rule for forward and reverse mode from a pair of sweeps (`differentiable`), a linear
+map with a custom transpose (`linear_call`), values that forward mode may not differentiate
+(`forward_only`), and the pytree tools they share (`_tree`). Generic JAX, no ODE knowledge."""
+
+from . import _tree as _tree
+from ._custom import Sweeps as Sweeps, convert as convert, differentiable as differentiable
+from ._linear import (
+    NoForwardMode as NoForwardMode,
+    forward_only as forward_only,
+    linear_call as linear_call,
+)
