@@ -35,11 +35,6 @@ if TYPE_CHECKING:
         compiled_memory as compiled_memory,
         memory_report as memory_report,
     )
-    from ._newton import (
-        AbstractNewton as AbstractNewton,
-        Newton as Newton,
-        NewtonKrylov as NewtonKrylov,
-    )
     from ._saveat import SaveAt as SaveAt
     from ._solution import Solution as Solution, Stats as Stats
     from ._solve import solve as solve
@@ -47,6 +42,7 @@ if TYPE_CHECKING:
     from ._steppers import (
         BDF as BDF,
         RK4 as RK4,
+        AbstractNewton as AbstractNewton,
         AbstractStepper as AbstractStepper,
         Bosh3 as Bosh3,
         Dopri5 as Dopri5,
@@ -58,6 +54,8 @@ if TYPE_CHECKING:
         Kvaerno4 as Kvaerno4,
         Kvaerno5 as Kvaerno5,
         Midpoint as Midpoint,
+        Newton as Newton,
+        NewtonKrylov as NewtonKrylov,
         Radau5 as Radau5,
         Ralston as Ralston,
         Rodas5 as Rodas5,

@@ -1,10 +1,11 @@
-"""Checks on pytrees of arrays."""
+"""Checks on pytrees of arrays and on settings, and the small array helpers they share."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from ._types import BoolScalar, Y
 
@@ -61,3 +62,24 @@ def tightest(tolerance):
     if len(leaves) == 1 and jnp.ndim(leaves[0]) == 0:
         return leaves[0]
     return functools.reduce(jnp.minimum, [jnp.min(jnp.asarray(leaf)) for leaf in leaves])
+
+
+def count(name: str, value, example: str) -> int:
+    """`value` as a Python int, raising (naming the fix) unless it is a positive integer
+    (Python or NumPy; not a bool). `name` says where it was given."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive int (an int >= 1), got {value!r}. Fix: {example}."
+        )
+    return int(value)
+
+
+def python_int(value):
+    """A NumPy integer as a Python int (a static field must hold a hashable Python value);
+    anything else as it is, for the checks to judge."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def leading_mask(mask: Array, y: Array) -> Array:
+    """`mask`, of the shape of `y`'s leading axes, reshaped to broadcast against `y`."""
+    return mask.reshape(mask.shape + (1,) * (y.ndim - mask.ndim))

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
-from ._checks import tightest
+from ._checks import count, tightest
 from ._error_norm import below_resolution
 from ._loop import (
     DEFAULT_ATOL,
@@ -135,7 +135,7 @@ def solve(
     t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
     rtol = None if rtol is None else validate.tolerance("rtol", rtol, y0)
     atol = None if atol is None else validate.tolerance("atol", atol, y0)
-    max_steps = validate.count("max_steps", max_steps, "e.g. max_steps=4096")
+    max_steps = count("max_steps", max_steps, "e.g. max_steps=4096")
     dt0 = validate.step_size(dt0, t0, t1)
     controller = _controller(controller, stepper, dt0, rtol, atol, y0)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)

@@ -193,22 +193,6 @@ def warn_below_resolution(name: str, rtol, y0: Y) -> None:
             return
 
 
-def count(name: str, value, example: str) -> int:
-    """`value` as a Python int, raising (naming the fix) unless it is a positive integer
-    (Python or NumPy; not a bool). `name` says where it was given."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(
-            f"{name} must be a positive int (an int >= 1), got {value!r}. Fix: {example}."
-        )
-    return int(value)
-
-
-def python_int(value):
-    """A NumPy integer as a Python int (a static field must hold a hashable Python value);
-    anything else as it is, for the checks to judge."""
-    return int(value) if isinstance(value, np.integer) else value
-
-
 def concrete(x) -> np.ndarray | None:
     """The value of `x` if it is known at trace time, else `None`."""
     try:

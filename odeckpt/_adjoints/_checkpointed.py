@@ -9,8 +9,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._checks import count
 from .._loop import IntegrationLoop, LoopState, Outputs, written_groups
-from .._validate import count
 from ..checkpointing import (
     Plan,
     bounded_while_loop,

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._newton import AbstractNewton, FlatField, Jacobian, Newton, Stage, same_step_size
 from .._real_coordinates import RealCoordinates
 from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._esdirk import ImplicitState
 from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
+from ._newton import AbstractNewton, FlatField, Jacobian, Newton, Stage, same_step_size
 
 MAX_ORDER = 5
 _MIN_FACTOR, _MAX_FACTOR = 0.2, 10.0

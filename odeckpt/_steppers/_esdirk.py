@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._newton import AbstractNewton, FlatField, Jacobian, Stage
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._implicit import AbstractImplicit, per_step
 from ._implicit_tableau import ESDIRKTableau
+from ._newton import AbstractNewton, FlatField, Jacobian, Stage
 
 
 class ImplicitState(eqx.Module):
@@ -73,7 +73,7 @@ class AbstractESDIRK(AbstractImplicit):
 
     Concrete methods set `tableau` and the `AbstractStepper` class variables and hold the
     fields `newton` and `jac`; this class implements `init` and `step` once for all of them.
-    Each stage value is differentiated by the implicit function theorem (`odeckpt._newton`).
+    Each stage value is differentiated by the implicit function theorem (`_steppers._newton`).
     `fn_evals_per_step` counts one Newton iteration per implicit stage; `Step.num_fn_evals`
     counts the iterations taken (one evaluation of `f` each).
     """

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._error_norm import effective_tolerances, real_dtype, scaled_error
-from .._newton import AbstractNewton, Newton, NewtonKrylov
 from .._types import Scalar, Tolerance, Y
 from ._base import AbstractStepper
+from ._newton import AbstractNewton, Newton, NewtonKrylov
 from ._rosenbrock import AbstractRosenbrock
 
 _DEFAULT_RTOL, _DEFAULT_ATOL = 1e-6, 1e-8

@@ -5,10 +5,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from .._newton import AbstractNewton, Newton
 from ._esdirk import AbstractESDIRK
 from ._implicit import check_jac
 from ._implicit_tableau import ESDIRKTableau
+from ._newton import AbstractNewton, Newton
 
 _FIRST_GUESS = np.array([[0.0, 0.0], [1.0, 0.0]])
 """Both start Newton from `k_2 = k_1 = f(t0, y0)`."""

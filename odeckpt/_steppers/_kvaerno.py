@@ -13,10 +13,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from .._newton import AbstractNewton, Newton
 from ._esdirk import AbstractESDIRK
 from ._implicit import check_jac
 from ._implicit_tableau import ESDIRKTableau
+from ._newton import AbstractNewton, Newton
 
 
 def _lower(gamma: float, rows: list[list[float]]) -> np.ndarray:

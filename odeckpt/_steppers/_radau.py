@@ -13,7 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._newton import (
+from .._real_coordinates import RealCoordinates
+from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
+from ._base import Step
+from ._esdirk import ImplicitState
+from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
+from ._newton import (
     AbstractNewton,
     AbstractSystem,
     FlatField,
@@ -24,11 +29,6 @@ from .._newton import (
     exact_jacobian,
     no_grad,
 )
-from .._real_coordinates import RealCoordinates
-from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
-from ._base import Step
-from ._esdirk import ImplicitState
-from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
 from ._radau_tableau import RADAU_IIA_5, CollocationTableau
 
 _SAFETY = 0.9

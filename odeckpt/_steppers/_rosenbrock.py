@@ -11,10 +11,10 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array
 
-from .._newton import FlatField, Jacobian, lu_solver, no_grad
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
 from ._explicit_rk import _combine, _stage_time
+from ._newton import FlatField, Jacobian, lu_solver, no_grad
 from ._tableau import _frozen
 
 

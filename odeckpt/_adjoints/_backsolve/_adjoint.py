@@ -4,8 +4,8 @@ from collections.abc import Callable
 
 import equinox as eqx
 
+from ..._checks import count, python_int
 from ..._steppers._base import AbstractStepper
-from ..._validate import count, python_int
 from ._anchors import Anchoring
 from ._continuous import ContinuousAdjoint
 

@@ -8,12 +8,11 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ..._checks import known_values, tightest
+from ..._checks import count, known_values, tightest
 from ..._loop import AbstractAdaptiveController, AbstractController, IntegrationLoop, PIDController
 from ..._saveat import SaveAt
+from ..._steppers import map_jac, with_newton_tolerances
 from ..._steppers._base import AbstractStepper
-from ..._steppers._implicit import map_jac, with_newton_tolerances
-from ..._validate import count
 from .._base import AbstractAdjoint, GradientStats, RunResult
 from ._anchors import Anchoring
 from ._gradient import BacksolveInputs, backsolve

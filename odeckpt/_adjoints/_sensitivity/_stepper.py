@@ -5,8 +5,8 @@ A step of the sensitivities is the step of the state differentiated along each d
 the step's times held fixed: for a Runge-Kutta, ESDIRK or Rosenbrock method that is the same
 method applied to the sensitivity equations `s' = (df/dy) s + (df/dp) dp` (internal
 differentiation; Hairer, Nørsett & Wanner, *Solving ODEs I*, Sec. II.6), its stages solved with
-the state's linear algebra (see `odeckpt.Newton(tangent="staggered")`), its error estimate the
-embedded estimate of the sensitivities.
+the state's linear algebra (see `odeckpt.Newton(tangent_solve="staggered")`), its error estimate
+the embedded estimate of the sensitivities.
 """
 
 import functools
