@@ -1,7 +1,9 @@
 """odeckpt: differential equation solvers in JAX with memory-efficient gradients.
 
 Members are imported on first use, so that `odeckpt.checkpointing.schedules` (pure Python) can be
-imported without JAX. The public names are the imports under `TYPE_CHECKING` below (`_lazy`).
+imported without JAX. The public names are listed twice, checked equal by a test: as the imports
+under `TYPE_CHECKING` (for type checkers and editors) and as the `_PUBLIC` registry (read at run
+time by `_lazy`).
 """
 
 from typing import TYPE_CHECKING
@@ -63,4 +65,54 @@ if TYPE_CHECKING:
         Tsit5 as Tsit5,
     )
 
-__getattr__, __dir__, __all__ = lazy_namespace(__name__)
+_PUBLIC = {
+    ".checkpointing": ("checkpointing",),
+    ".plot": ("plot",),
+    "._adjoints": (
+        "AbstractAdjoint",
+        "BacksolveAdjoint",
+        "DirectAdjoint",
+        "ForwardMode",
+        "ForwardSensitivity",
+        "InterpolatingAdjoint",
+        "RecursiveCheckpointAdjoint",
+    ),
+    "._loop": (
+        "AbstractAdaptiveController",
+        "AbstractController",
+        "ConstantStep",
+        "Decision",
+        "Event",
+        "PIDController",
+    ),
+    "._memory": ("CompiledMemory", "MemoryReport", "compiled_memory", "memory_report"),
+    "._saveat": ("SaveAt",),
+    "._solution": ("Solution", "Stats"),
+    "._solve": ("solve",),
+    "._status": ("Status",),
+    "._steppers": (
+        "BDF",
+        "RK4",
+        "AbstractNewton",
+        "AbstractStepper",
+        "Bosh3",
+        "Dopri5",
+        "Dopri8",
+        "Euler",
+        "Heun",
+        "ImplicitEuler",
+        "Kvaerno3",
+        "Kvaerno4",
+        "Kvaerno5",
+        "Midpoint",
+        "Newton",
+        "NewtonKrylov",
+        "Radau5",
+        "Ralston",
+        "Rodas5",
+        "Trapezoid",
+        "Tsit5",
+    ),
+}
+
+__getattr__, __dir__, __all__ = lazy_namespace(__name__, _PUBLIC)

@@ -1,41 +1,24 @@
-"""Lazy public namespaces (PEP 562), registered once.
+"""Lazy public namespaces (PEP 562).
 
 `odeckpt.checkpointing.schedules` is pure Python and must be importable without JAX, so the package
 namespaces above it import their JAX-based members on first attribute access instead of at import.
-A package lists its public names once, as the imports in its `if TYPE_CHECKING:` block (which type
-checkers and editors read); `lazy_namespace` reads that block from the package's source to know
-where each name lives.
+A package lists its public names twice, checked equal by `tests/test_namespaces.py`: as imports
+under `if TYPE_CHECKING:` (which type checkers and editors read) and as a `_PUBLIC` registry, data
+read at run time (`{relative module: public names it defines}`; a public subpackage `.x` defines
+`x`). Nothing reads source files, so a sourceless (bytecode-only) install works.
 """
 
-import ast
 import importlib
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 
 
-def public_names(package: str) -> dict[str, str]:
-    """Public name -> relative module that defines it (or the relative name of a public
-    subpackage), from the imports under `if TYPE_CHECKING:` in `package`'s `__init__.py`."""
-    source = Path(sys.modules[package].__file__).read_text()
-    names = {}
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"):
-            continue
-        for statement in node.body:
-            if not isinstance(statement, ast.ImportFrom):
-                continue
-            module = "." * statement.level + (statement.module or "")
-            for alias in statement.names:
-                public = alias.asname or alias.name
-                names[public] = module if statement.module else module + alias.name
-    return names
-
-
-def lazy_namespace(package: str) -> tuple[Callable[[str], object], Callable[[], list[str]], list]:
+def lazy_namespace(
+    package: str, public: Mapping[str, tuple[str, ...]]
+) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
     """A module `__getattr__`, `__dir__` and `__all__` for `package`, whose public names are
-    its `TYPE_CHECKING` imports (see `public_names`)."""
-    exports = public_names(package)
+    `public` (`{relative module: public names it defines}`)."""
+    exports = {name: module for module, names in public.items() for name in names}
 
     def __getattr__(name: str) -> object:
         try:

@@ -10,6 +10,7 @@ import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Float
 
+from ._checks import leading_mask
 from ._loop import DenseOutput
 from ._status import Status
 from ._types import BoolScalar, IntScalar, Scalar, Y
@@ -240,12 +241,7 @@ class Solution(eqx.Module):
         for _ in range(t.ndim):
             evaluate = jax.vmap(evaluate)
         values = evaluate(tau)
-        return jax.tree.map(lambda y: jnp.where(_rows(inside, y, t.ndim), y, jnp.nan), values)
-
-
-def _rows(mask: Array, y: Array, ndim: int) -> Array:
-    """`mask` (of shape `y.shape[:ndim]`) reshaped to broadcast against `y`."""
-    return mask.reshape(mask.shape + (1,) * (y.ndim - ndim))
+        return jax.tree.map(lambda y: jnp.where(leading_mask(inside, y), y, jnp.nan), values)
 
 
 def _check_inside(inside: Array, t: Array, dense: "DenseOutput", direction: Array) -> None:

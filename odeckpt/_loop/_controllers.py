@@ -15,7 +15,7 @@ import numpy as np
 
 from .._checks import known_values
 from .._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
-from .._steppers._base import AbstractStepper
+from .._steppers import AbstractStepper
 from .._types import Args, BoolScalar, Scalar, Tolerance, VectorField, Y
 from ._landing import resolves
 

@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._checks import all_finite, with_nonfinite
+from .._checks import all_finite, leading_mask, with_nonfinite
 from .._saveat import SaveAt
 from .._status import Status
-from .._steppers._base import AbstractStepper, Step
+from .._steppers import AbstractStepper, Step
 from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._controllers import AbstractController
 from ._dense import derivative, polynomial
@@ -269,12 +269,13 @@ class IntegrationLoop(eqx.Module):
         at_reached = t_save == t_reached
         offset = jnp.where(at_reached, t_save, t_reached) - t_reached
         slope = _slope(dense, (t_reached - state.t) / jnp.where(h > 0, h, 1), h)
-        values = jax.tree.map(
-            lambda c, y, s: jnp.where(
-                _rows(at_reached, y), y[None] + _rows(offset, y) * s[None], polynomial(c, theta)
-            ),
-            dense, y_reached, slope,
-        )  # fmt: skip
+
+        def saved(c, y, s):
+            interpolated = polynomial(c, theta)
+            exact = y[None] + leading_mask(offset, interpolated) * s[None]
+            return jnp.where(leading_mask(at_reached, interpolated), exact, interpolated)
+
+        values = jax.tree.map(saved, dense, y_reached, slope)
         index = jnp.where(valid, index, self.ts.shape[0])
         return state.save_index + jnp.sum(valid, dtype=jnp.int32), Rows(index, values)
 
@@ -314,7 +315,7 @@ class IntegrationLoop(eqx.Module):
             f0 = self.stepper.derivative(init.stepper_state)
             at_t0 = self.ts <= t0
             rows = _start_rows(self.ts, t0, y0, f0)
-            ts = jax.tree.map(lambda r: jnp.where(_rows(at_t0, r[0]), r, jnp.inf), rows)
+            ts = jax.tree.map(lambda r: jnp.where(leading_mask(at_t0, r), r, jnp.inf), rows)
         if self.saveat.steps:
             steps = TimedRows(_filled(n, t0), jax.tree.map(lambda y: _filled(n, y), y0))
         if self.saveat.dense:
@@ -353,7 +354,8 @@ def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
 
     def rows(y, f):
         f = jnp.where(jnp.isfinite(f), f, 0)  # a non-finite f0 has failed the solve already
-        return y[None] + _rows(moved.astype(y.dtype), y) * f[None]
+        ys = jnp.broadcast_to(y, moved.shape + y.shape)
+        return ys + leading_mask(moved.astype(y.dtype), ys) * f[None]
 
     return jax.tree.map(rows, y0, f0)
 
@@ -364,11 +366,6 @@ def _slope(dense: Y, theta: Scalar, h: Scalar) -> Y:
     return jax.tree.map(
         lambda c: derivative(c, theta) / jnp.where(h > 0, h, 1).astype(c.dtype), dense
     )
-
-
-def _rows(mask: Array, y: Array) -> Array:
-    """`mask` reshaped to broadcast against rows of shape `y.shape`."""
-    return mask.reshape(mask.shape + (1,) * y.ndim)
 
 
 def _filled(n: int, like: Array) -> Array:

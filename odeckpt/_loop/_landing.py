@@ -11,7 +11,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .._steppers._base import AbstractStepper
+from .._steppers import AbstractStepper
 
 MAX_SAVES_PER_STEP = 16
 """Distinct save times interpolated per step at most; a step is shortened to hit the last of

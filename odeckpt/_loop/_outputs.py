@@ -4,13 +4,15 @@ Buffers are never part of the loop state, so a checkpointing runner never copies
 writes its rows once, at their indices (an out-of-range index drops a row).
 """
 
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._checks import all_finite
-from .._types import Y
+from .._checks import all_finite, leading_mask
+from .._types import Scalar, Y
 from ._landing import distinct_save_times
 
 
@@ -102,7 +104,12 @@ class DistinctSaveTimes(eqx.Module):
         first = jnp.searchsorted(ts, ts, side="left").astype(jnp.int32)
         return cls(*distinct_save_times(jnp, ts), first)
 
-    def gather(self, ys: Y, ts: Float[Array, " n"] | None = None, rate=None) -> Y:
+    def gather(
+        self,
+        ys: Y,
+        ts: Float[Array, " n"] | None = None,
+        rate: Callable[[Scalar, Y], Y] | None = None,
+    ) -> Y:
         """The saved values `ys` (one row per distinct time) as one row per original time.
 
         A repeated time's row holds its first occurrence's value, and so its derivatives. With
@@ -111,18 +118,15 @@ class DistinctSaveTimes(eqx.Module):
         (the value is unchanged).
         """
         gathered = jax.tree.map(lambda y: y[self.rows], ys)
-        if ts is None:
+        if ts is None or rate is None:
             return gathered
         reached = jax.vmap(lambda *row: all_finite(row))(*jax.tree.leaves(gathered))
         fixed = jax.lax.stop_gradient(gathered)
         safe_t = jnp.where(reached, ts, 0)
-        safe_y = jax.tree.map(lambda y: jnp.where(_rows(reached, y), y, 0), fixed)
+        safe_y = jax.tree.map(lambda y: jnp.where(leading_mask(reached, y), y, 0), fixed)
         moved = ts - ts[self.first]
         moved = jnp.where(reached, moved - jax.lax.stop_gradient(moved), 0)
         slopes = jax.vmap(rate)(jax.lax.stop_gradient(safe_t), safe_y)
-        return jax.tree.map(lambda y, s: y + _rows(moved, s).astype(s.dtype) * s, gathered, slopes)
-
-
-def _rows(mask: Array, y: Array) -> Array:
-    """`mask` reshaped to broadcast against `y`, whose leading axis is its rows."""
-    return mask.reshape(mask.shape + (1,) * (y.ndim - 1))
+        return jax.tree.map(
+            lambda y, s: y + leading_mask(moved, s).astype(s.dtype) * s, gathered, slopes
+        )

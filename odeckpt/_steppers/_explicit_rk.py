@@ -14,7 +14,7 @@ from ._fence import fence
 from ._tableau import ButcherTableau
 
 
-def _combine(y0: Y | None, h: Scalar, weights: np.ndarray, ks: Sequence[Y]) -> Y:
+def combine(y0: Y | None, h: Scalar, weights: np.ndarray, ks: Sequence[Y]) -> Y:
     """`y0 + h * sum_j weights[j] * ks[j]` leaf by leaf (no `y0` term if `y0` is None).
 
     Zero weights are skipped at trace time. Coefficients enter as Python floats (weakly typed)
@@ -38,7 +38,7 @@ def _combine(y0: Y | None, h: Scalar, weights: np.ndarray, ks: Sequence[Y]) -> Y
     return jax.tree.map(leaf, y0, *stage_trees)
 
 
-def _stage_time(t0: Scalar, t1: Scalar, h: Scalar, c: float) -> Scalar:
+def stage_time(t0: Scalar, t1: Scalar, h: Scalar, c: float) -> Scalar:
     # Exact endpoints: `t0 + 1.0 * (t1 - t0)` need not round to `t1`.
     if c == 0:
         return t0
@@ -87,16 +87,16 @@ class AbstractExplicitRK(AbstractStepper):
         num_explicit = tableau.num_stages - 1 if tableau.fsal else tableau.num_stages
         ks = [state]
         for i in range(1, num_explicit):
-            t_i = _stage_time(t0, t1, h, tableau.c[i])
-            z_i = _combine(y0, h, tableau.a[i, :i], ks)
+            t_i = stage_time(t0, t1, h, tableau.c[i])
+            z_i = combine(y0, h, tableau.a[i, :i], ks)
             ks.append(f(t_i, fence(t_i, z_i), args))
-        y1 = _combine(y0, h, tableau.b, ks)
+        y1 = combine(y0, h, tableau.b, ks)
         f1 = f(t1, fence(t1, y1), args)
         ks.append(f1)
         if tableau.b_error is None:
             y_error = None
         else:
-            y_error = _combine(None, h, tableau.b_error, ks)
-        powers = [_combine(None, h, w, ks) for w in tableau.dense_weights]
+            y_error = combine(None, h, tableau.b_error, ks)
+        powers = [combine(None, h, w, ks) for w in tableau.dense_weights]
         dense = jax.tree.map(lambda *p: jnp.stack(p), y0, *powers)
         return Step(y1=y1, y_error=y_error, dense=dense, state=f1)

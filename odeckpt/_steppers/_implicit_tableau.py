@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from ._tableau import _TOL, _frozen, _hermite_weights
+from ._tableau import COEFFICIENT_TOLERANCE, frozen, hermite_weights
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -46,10 +46,10 @@ class ESDIRKTableau:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
-        a, c = _frozen(self.a, "a", 2), _frozen(self.c, "c", 1)
+        a, c = frozen(self.a, "a", 2), frozen(self.c, "c", 1)
         b_error, predictor = (
-            _frozen(self.b_error, "b_error", 1),
-            _frozen(self.predictor, "predictor", 2),
+            frozen(self.b_error, "b_error", 1),
+            frozen(self.predictor, "predictor", 2),
         )
         s = c.shape[0]
         if s < 2 or a.shape != (s, s) or b_error.shape != (s,) or predictor.shape != (s, s):
@@ -62,16 +62,16 @@ class ESDIRKTableau:
         gamma = a[1, 1]
         if a[0, 0] != 0 or not gamma > 0 or np.any(np.diag(a)[1:] != gamma):
             raise ValueError("The diagonal of `a` must be (0, gamma, ..., gamma), gamma > 0.")
-        bad = np.flatnonzero(np.abs(a.sum(axis=1) - c) > _TOL)
+        bad = np.flatnonzero(np.abs(a.sum(axis=1) - c) > COEFFICIENT_TOLERANCE)
         if bad.size:
             raise ValueError(f"Each c_i must equal sum_j a_ij; violated at rows {bad.tolist()}.")
-        if abs(c[-1] - 1) > _TOL or abs(a[-1].sum() - 1) > _TOL:
+        if abs(c[-1] - 1) > COEFFICIENT_TOLERANCE or abs(a[-1].sum() - 1) > COEFFICIENT_TOLERANCE:
             raise ValueError("The last row of `a` (= b, stiffly accurate) must sum to 1.")
-        if abs(b_error.sum()) > _TOL:
+        if abs(b_error.sum()) > COEFFICIENT_TOLERANCE:
             raise ValueError(f"sum(b_error) must equal 0, got {b_error.sum()!r}.")
-        if np.any(np.abs(predictor[1:].sum(axis=1) - 1) > _TOL):
+        if np.any(np.abs(predictor[1:].sum(axis=1) - 1) > COEFFICIENT_TOLERANCE):
             raise ValueError("Rows 2..s of `predictor` must sum to 1.")
-        weights = _hermite_weights(a[-1], s - 1)
+        weights = hermite_weights(a[-1], s - 1)
         weights.flags.writeable = False
         for name, value in (("a", a), ("c", c), ("b_error", b_error), ("predictor", predictor)):
             set_(name, value)

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from ._tableau import _TOL, _frozen
+from ._tableau import COEFFICIENT_TOLERANCE, frozen
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -54,22 +54,25 @@ class CollocationTableau:
 
     def __post_init__(self):
         a, c, error = (
-            _frozen(self.a, "a", 2),
-            _frozen(self.c, "c", 1),
-            _frozen(self.error, "error", 1),
+            frozen(self.a, "a", 2),
+            frozen(self.c, "c", 1),
+            frozen(self.error, "error", 1),
         )
         if a.shape != (3, 3) or c.shape != (3,) or error.shape != (3,):
             raise ValueError(f"Shapes must be a: (3, 3), c, error: (3,); got {a.shape}, {c.shape}.")
-        if np.any(np.abs(a.sum(axis=1) - c) > _TOL) or abs(c[-1] - 1) > _TOL:
+        if (
+            np.any(np.abs(a.sum(axis=1) - c) > COEFFICIENT_TOLERANCE)
+            or abs(c[-1] - 1) > COEFFICIENT_TOLERANCE
+        ):
             raise ValueError("Each c_i must equal sum_j a_ij, and c_3 must be 1.")
         for q in (1, 2, 3):
-            if np.any(np.abs(a @ c ** (q - 1) - c**q / q) > _TOL):
+            if np.any(np.abs(a @ c ** (q - 1) - c**q / q) > COEFFICIENT_TOLERANCE):
                 raise ValueError(
                     f"Not a collocation method: sum_j a_ij c_j^{q - 1} != c_i^{q}/{q}."
                 )
         values, vectors = np.linalg.eig(a)
-        real = np.flatnonzero(np.abs(values.imag) < _TOL)
-        pair = np.flatnonzero(values.imag > _TOL)
+        real = np.flatnonzero(np.abs(values.imag) < COEFFICIENT_TOLERANCE)
+        pair = np.flatnonzero(values.imag > COEFFICIENT_TOLERANCE)
         if real.size != 1 or pair.size != 1:
             raise ValueError(f"`a` must have one real eigenvalue and a complex pair; got {values}.")
         gamma = float(values[real[0]].real)
@@ -97,7 +100,7 @@ def _check_embedded(a: np.ndarray, c: np.ndarray, error: np.ndarray, gamma: floa
     weights = np.concatenate([[gamma], a[-1] + gamma * a.T @ error])
     nodes = np.concatenate([[0.0], c])
     for q in (1, 2, 3):
-        if abs(weights @ nodes ** (q - 1) - 1 / q) > _TOL:
+        if abs(weights @ nodes ** (q - 1) - 1 / q) > COEFFICIENT_TOLERANCE:
             raise ValueError(f"The embedded solution is not of order 3 (condition q = {q}).")
 
 

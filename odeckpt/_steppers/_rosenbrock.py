@@ -13,9 +13,9 @@ from jaxtyping import Array
 
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
-from ._explicit_rk import _combine, _stage_time
+from ._explicit_rk import combine, stage_time
 from ._newton import FlatField, Jacobian, lu_solver, no_grad
-from ._tableau import _frozen
+from ._tableau import frozen
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -55,9 +55,9 @@ class RosenbrockTableau:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
-        a, big_c = _frozen(self.a, "a", 2), _frozen(self.C, "C", 2)
-        c, d, m, e = (_frozen(getattr(self, n), n, 1) for n in ("c", "d", "m", "e"))
-        dense = _frozen(self.dense, "dense", 2)
+        a, big_c = frozen(self.a, "a", 2), frozen(self.C, "C", 2)
+        c, d, m, e = (frozen(getattr(self, n), n, 1) for n in ("c", "d", "m", "e"))
+        dense = frozen(self.dense, "dense", 2)
         s = c.shape[0]
         if a.shape != (s, s) or big_c.shape != (s, s) or dense.shape != (3, s):
             raise ValueError("Shapes must be a, C: (s, s); c, d, m, e: (s,); dense: (3, s).")
@@ -130,18 +130,18 @@ class AbstractRosenbrock(AbstractStepper):
             if i == 0:
                 f_i = field.ravel(state)
             else:
-                z_i = _combine(y0_flat, 1.0, tableau.a[i, :i], us)
-                f_i = field(_stage_time(t0, t1, h, tableau.c[i]), z_i, args)
+                z_i = combine(y0_flat, 1.0, tableau.a[i, :i], us)
+                f_i = field(stage_time(t0, t1, h, tableau.c[i]), z_i, args)
             rhs = hg * f_i
             if tableau.d[i] != 0:
                 rhs = rhs + hg * jnp.asarray(tableau.d[i] * h, y0_flat.dtype) * f_t
             if i > 0:
-                rhs = _combine(rhs, tableau.gamma, tableau.C[i, :i], us)
+                rhs = combine(rhs, tableau.gamma, tableau.C[i, :i], us)
             us.append(refined_solve(rhs) if i < tableau.num_main_stages else solve(rhs))
-        y1_flat = _combine(y0_flat, 1.0, tableau.m, us)
-        powers = [_combine(None, 1.0, w, us) for w in tableau.dense_powers]
+        y1_flat = combine(y0_flat, 1.0, tableau.m, us)
+        powers = [combine(None, 1.0, w, us) for w in tableau.dense_powers]
         defect = _midpoint_defect(field, t0, t1, h, y0_flat, args, powers)
-        y_error = _combine(solve(defect), 1.0, tableau.e, us)
+        y_error = combine(solve(defect), 1.0, tableau.e, us)
         dense = jax.vmap(field.unravel)(jnp.stack([y0_flat, *powers]))
         y1 = field.unravel(y1_flat)
         return Step(
@@ -172,9 +172,9 @@ def _midpoint_defect(
     ODEs", *SIAM J. Sci. Stat. Comput.* 1 (1980), 103-118 (filtering an error estimate);
     Hairer & Wanner, *Solving ODEs II*, Sec. IV.8 (the estimate of Radau5).
     """
-    p = _combine(y0, 1.0, 0.5 ** np.arange(1, 5), powers)
-    slope = _combine(None, 1.0, np.arange(1, 5) * 0.5 ** np.arange(4), powers)
-    f_half = field(_stage_time(t0, t1, h, 0.5), p, args)
+    p = combine(y0, 1.0, 0.5 ** np.arange(1, 5), powers)
+    slope = combine(None, 1.0, np.arange(1, 5) * 0.5 ** np.arange(4), powers)
+    f_half = field(stage_time(t0, t1, h, 0.5), p, args)
     return jnp.asarray(h, y0.dtype) * f_half - slope
 
 

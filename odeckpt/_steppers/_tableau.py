@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 from numpy.typing import ArrayLike
 
-_TOL = 1e-12
+COEFFICIENT_TOLERANCE = 1e-12
 
 
-def _frozen(x: ArrayLike, what: str, ndim: int) -> np.ndarray:
+def frozen(x: ArrayLike, what: str, ndim: int) -> np.ndarray:
     array = np.array(x, dtype=np.float64)
     if array.ndim != ndim:
         raise ValueError(f"`{what}` must be a {ndim}-d array, got shape {array.shape}.")
@@ -18,7 +18,7 @@ def _frozen(x: ArrayLike, what: str, ndim: int) -> np.ndarray:
     return array
 
 
-def _hermite_weights(b: np.ndarray, i_f1: int) -> np.ndarray:
+def hermite_weights(b: np.ndarray, i_f1: int) -> np.ndarray:
     """Weights of the cubic Hermite interpolant through `(y0, f0, y1, f1)`.
 
     With `y1 - y0 = h sum_i b_i k_i`, `f0 = k_1` and `f1` the stage at index `i_f1`,
@@ -78,7 +78,7 @@ class ButcherTableau:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)
-        a, b, c = _frozen(self.a, "a", 2), _frozen(self.b, "b", 1), _frozen(self.c, "c", 1)
+        a, b, c = frozen(self.a, "a", 2), frozen(self.b, "b", 1), frozen(self.c, "c", 1)
         s = b.shape[0]
         if s == 0:
             raise ValueError("A tableau needs at least one stage: `b` is empty.")
@@ -89,32 +89,32 @@ class ButcherTableau:
             )
         if np.any(np.triu(a) != 0):
             raise ValueError("`a` must be strictly lower triangular (explicit method).")
-        bad = np.flatnonzero(np.abs(a.sum(axis=1) - c) > _TOL)
+        bad = np.flatnonzero(np.abs(a.sum(axis=1) - c) > COEFFICIENT_TOLERANCE)
         if bad.size:
             raise ValueError(f"Each c_i must equal sum_j a_ij; violated at rows {bad.tolist()}.")
-        if abs(b.sum() - 1) > _TOL:
+        if abs(b.sum() - 1) > COEFFICIENT_TOLERANCE:
             raise ValueError(f"sum(b) must equal 1 (consistency), got {b.sum()!r}.")
         set_("a", a)
         set_("b", b)
         set_("c", c)
 
         if self.b_error is not None:
-            b_error = _frozen(self.b_error, "b_error", 1)
+            b_error = frozen(self.b_error, "b_error", 1)
             if b_error.shape != (s,):
                 raise ValueError(f"`b_error` must have shape ({s},), got {b_error.shape}.")
-            if abs(b_error.sum()) > _TOL:
+            if abs(b_error.sum()) > COEFFICIENT_TOLERANCE:
                 raise ValueError(f"sum(b_error) must equal 0, got {b_error.sum()!r}.")
             set_("b_error", b_error)
 
         fsal = s > 1 and c[-1] == 1 and b[-1] == 0 and np.array_equal(a[-1, :-1], b[:-1])
         num_ext = s if fsal else s + 1
         if self.b_dense is None:
-            weights = _hermite_weights(np.pad(b, (0, num_ext - s)), num_ext - 1)
+            weights = hermite_weights(np.pad(b, (0, num_ext - s)), num_ext - 1)
         else:
-            b_dense = _frozen(self.b_dense, "b_dense", 2)
+            b_dense = frozen(self.b_dense, "b_dense", 2)
             if b_dense.shape[0] < 1 or b_dense.shape[1] != s:
                 raise ValueError(f"`b_dense` must have shape (degree, {s}), got {b_dense.shape}.")
-            if np.any(np.abs(b_dense.sum(axis=0) - b) > _TOL):
+            if np.any(np.abs(b_dense.sum(axis=0) - b) > COEFFICIENT_TOLERANCE):
                 raise ValueError(
                     "`b_dense` summed over powers must equal `b` (dense output at theta=1 is y1)."
                 )

@@ -4,7 +4,8 @@
 `odeckpt.checkpointing.schedules` (pure Python, imported without JAX) plans the schedules; the
 loops here execute them. Plan once with `scan_plan` or `while_loop_plan`, run with `plan=`, and
 read what the plan keeps (`Plan.slots`) and recomputes (`recomputed_steps`). Members load lazily
-so that importing `schedules` does not import JAX.
+so that importing `schedules` does not import JAX; the public names are the `TYPE_CHECKING`
+imports and, for run time, the `_PUBLIC` registry (checked equal by a test).
 """
 
 from typing import TYPE_CHECKING
@@ -24,4 +25,14 @@ if TYPE_CHECKING:
     )
     from .schedules import Plan as Plan, parse_memory as parse_memory
 
-__getattr__, __dir__, __all__ = lazy_namespace(__name__)
+_PUBLIC = {
+    ".schedules": ("schedules", "Plan", "parse_memory"),
+    "._checkpoint_layers": ("checkpoint_layers",),
+    "._layers": ("checkpointed_layers",),
+    "._recomputation": ("recomputed_steps",),
+    "._scan": ("checkpointed_scan", "scan_plan"),
+    "._vmap": ("any_lane",),
+    "._while_loop": ("bounded_while_loop", "while_loop_plan"),
+}
+
+__getattr__, __dir__, __all__ = lazy_namespace(__name__, _PUBLIC)

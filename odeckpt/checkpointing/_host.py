@@ -21,7 +21,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jax.custom_batching import custom_vmap
 
-from .schedules._planner import MIN_HOST_SLOTS
+from .schedules import MIN_HOST_SLOTS
 
 HOST_MEMORY_KIND = "pinned_host"
 

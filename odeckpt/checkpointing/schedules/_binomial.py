@@ -61,7 +61,7 @@ def repetition_number(n: int, c: int) -> int:
 
     ```
     """
-    _check(n, c)
+    check_counts(n, c)
     if c == 1:
         return n - 1
     r = 0
@@ -87,8 +87,8 @@ def optimal_cost(n: int, c: int) -> int:
 
     ```
     """
-    _check(n, c)
-    return int(_exact_table(n, c).optimal_cost(n, c))
+    check_counts(n, c)
+    return int(exact_table(n, c).optimal_cost(n, c))
 
 
 @functools.lru_cache(maxsize=2**16)
@@ -115,7 +115,7 @@ def split(length: int, snapshots: int) -> int:
         raise ValueError(f"split needs length >= 2, got {length}")
     if snapshots <= 1:
         return length - 1
-    return int(_exact_table(length, snapshots).split(length, snapshots))
+    return int(exact_table(length, snapshots).split(length, snapshots))
 
 
 def binomial_table(c: int, length: int, *, repetitions: int | None = None) -> np.ndarray:
@@ -198,7 +198,7 @@ class BinomialTable:
 _INT64_HEADROOM = 2**62
 
 
-def _exact_table(n: int, c: int) -> BinomialTable:
+def exact_table(n: int, c: int) -> BinomialTable:
     """A table that reads `t(L, s)` and `split(L, s)` exactly for `L <= n`, `s <= c`: columns
     to the repetition number, entries capped above `r n` (the largest the cost reads)."""
     r = repetition_number(n, c) if c >= 2 else 1
@@ -211,7 +211,7 @@ def _exact_table(n: int, c: int) -> BinomialTable:
     return BinomialTable(binomial_table(c + 1, cap, repetitions=r))
 
 
-def _check(n: int, c: int) -> None:
+def check_counts(n: int, c: int) -> None:
     if n < 1:
         raise ValueError(f"need at least one step, got n={n}")
     if c < 1:

@@ -23,7 +23,7 @@ References:
   adjoint computations", Optimization Methods and Software 34(6).
 """
 
-from ._binomial import BinomialTable, _exact_table, optimal_cost
+from ._binomial import BinomialTable, exact_table, optimal_cost
 
 
 def segment_cost(length: int, checkpoints: int) -> int:
@@ -80,7 +80,7 @@ def offload_cost(n: int, segment: int, checkpoints: int) -> int:
     """
     if n < 1:
         raise ValueError(f"need at least one step, got n={n}")
-    table = _exact_table(segment, checkpoints)
+    table = exact_table(segment, checkpoints)
     return n - 1 + int(offload_recomputations(table, n, segment, checkpoints))
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 from typing import Any, ClassVar, NamedTuple
 
-from ._binomial import _check, split
+from ._binomial import check_counts, split
 from ._schedule import NUMPY, Ops, Schedule
 
 
@@ -59,7 +59,7 @@ def offline_schedule(n: int, c: int) -> OfflineSchedule:
 
     ```
     """
-    _check(n, c)
+    check_counts(n, c)
     stored, p, s = [0], 0, c
     while s >= 2 and n - p >= 2:
         q = p + split(n - p, s)

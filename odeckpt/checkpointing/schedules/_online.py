@@ -17,7 +17,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ._binomial import _check, binomial
+from ._binomial import binomial, check_counts
 from ._schedule import NUMPY, Ops, Schedule
 
 
@@ -206,5 +206,5 @@ def online_schedule(max_steps: int, c: int) -> OnlineSchedule:
 
     ```
     """
-    _check(max_steps, c)
+    check_counts(max_steps, c)
     return OnlineSchedule(c, max_steps)
