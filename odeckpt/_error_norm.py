@@ -110,6 +110,25 @@ def scaled_error(y_error: Y, y0: Y, y1: Y, rtol, atol) -> Scalar:
     return rms(y_error, scale)
 
 
+def scaled_distance(y: Y, other: Y, rtol, atol, *, symmetric: bool = True) -> Scalar:
+    """How far the state `y` lies from `other`: the root mean square over every component of
+    `(y - other) / (atol + rtol m)`, `m` the larger of `|y|` and `|other|` (`symmetric=False`:
+    `|other|` alone, the distance from a reference state). `rtol` and `atol` as in
+    `scaled_error`.
+
+    **Example:**
+
+    ```python
+    import jax.numpy as jnp
+    from odeckpt._error_norm import scaled_distance
+
+    distance = scaled_distance(jnp.array([1.001]), jnp.array([1.0]), 1e-3, 1e-6)  # about 1
+    ```
+    """
+    difference = jax.tree.map(jnp.subtract, y, other)
+    return scaled_error(difference, y if symmetric else other, other, rtol, atol)
+
+
 def per_leaf(tolerance, y: Y) -> Y:
     """A tolerance as a pytree like `y`: itself if it is one (a tolerance per leaf), else the one
     number repeated for every leaf."""

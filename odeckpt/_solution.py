@@ -35,10 +35,13 @@ class Stats(eqx.Module):
         the forward checkpoints of `BacksolveAdjoint` and `InterpolatingAdjoint`; `max_steps`
         for `DirectAdjoint`, which keeps one slot of residuals per possible step; `0` for
         `ForwardMode`).
-    - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes from the
-        snapshots, exactly as its schedule will (`0` for the other adjoints). Reverse mode
-        also runs one VJP per step; the backward solve of `BacksolveAdjoint` and
-        `InterpolatingAdjoint` is adaptive and its step count is only known in the backward
+    - `num_recomputed_steps`: steps that reverse-mode differentiation recomputes:
+        `RecursiveCheckpointAdjoint`'s from its snapshots, exactly as its schedule will; for
+        a continuous adjoint that reads `y(t)` from forward re-solves (`InterpolatingAdjoint`,
+        `BacksolveAdjoint(reconstruct="forward")`) the forward steps they re-solve, at least
+        (once each, and once more for a re-solve from `t0` at tolerances of its own); `0` for
+        the other adjoints. Reverse mode also runs one VJP per step; the backward solve of the
+        continuous adjoints is adaptive and its step count is only known in the backward
         pass: their `on_backward=...` reports it.
     - `rtol_clamped`: whether an `rtol` that steps are held to (the solve's or the
         controller's, and an adjoint's own: `BacksolveAdjoint(rtol=...)`,

@@ -250,6 +250,13 @@ def test_stats_of_the_other_adjoints():
         assert int(stats.num_recomputed_steps) == 0
     stats = _stats_solve(odeckpt.BacksolveAdjoint(checkpoints=4))
     assert int(stats.num_checkpoints) == 4
+    # InterpolatingAdjoint re-solves every forward step (retraced from its checkpoints), and
+    # with tolerances of its own the whole solve from t0 once more (counted as the forward's)
+    stats = _stats_solve(odeckpt.InterpolatingAdjoint(checkpoints=8))
+    assert int(stats.num_checkpoints) == 8
+    assert int(stats.num_recomputed_steps) == int(stats.num_steps) > 0
+    stats = _stats_solve(odeckpt.InterpolatingAdjoint(rtol=1e-8, atol=1e-8))
+    assert int(stats.num_recomputed_steps) == 2 * int(stats.num_steps)
     # the default plan: the fewest c with C(c+2, 2) >= max_steps (C(32, 2) = 496 < 500)
     assert int(_stats_solve("recursive").num_checkpoints) == 31
 
@@ -297,3 +304,40 @@ def test_a_large_max_steps_costs_no_memory_over_the_steps():
     temp = compiled.memory_analysis().temp_size_in_bytes
     assert temp < 2**20 * 9 + c * 2**10, (temp, c)
     np.testing.assert_allclose(compiled(Y0), sol.ys[-1] / Y0, rtol=1e-14)
+
+
+def test_the_loop_cotangent_names_every_array_field():
+    """A field of the loop that holds inexact arrays and is given no cotangent raises at trace
+    time, rather than getting a zero gradient."""
+    from odeckpt._adjoints._custom_rule import loop_cotangent
+    from odeckpt._loop import IntegrationLoop, PIDController
+    from odeckpt._saveat import SaveAt
+
+    loop = IntegrationLoop(
+        f=lambda t, y, a: -a * y, args=jnp.array(2.0), stepper=odeckpt.Tsit5(),
+        controller=PIDController(rtol=1e-6, atol=1e-8), t_end=jnp.array(1.0), ts=None,
+        saveat=SaveAt(t1=True), max_steps=10,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match="args"):
+        loop_cotangent(loop, t_end=jnp.array(1.0))
+    ct = loop_cotangent(loop, args=jnp.array(3.0), t_end=None)
+    assert float(ct.args) == 3.0 and ct.t_end is None and not jax.tree.leaves(ct.controller)
+
+
+def test_the_crossing_cotangents_are_the_transpose_of_its_tangents():
+    """<ct, T v> = <T^T ct, v> for the crossing time's tangent map, and its time tangent is
+    -(dg) / (g_t + g_y f)."""
+    from odeckpt._adjoints._derivatives import crossing_cotangents, crossing_tangent
+
+    g = lambda t, y, p: y[0] * p - jnp.sin(t) - 0.3
+    t, y, p = jnp.array(0.4), jnp.array([0.7, -1.1]), jnp.array(1.3)
+    rate = jnp.array([0.5, 2.0])
+    dy, dp = jnp.array([0.2, -0.4]), jnp.array(0.9)
+    dtau, dy_at = crossing_tangent(g, t, y, p, rate, dy, dp)
+    expected = -(p * dy[0] + y[0] * dp) / (-jnp.cos(t) + p * rate[0])
+    np.testing.assert_allclose(dtau, expected, rtol=1e-12)
+    np.testing.assert_allclose(dy_at, dy + rate * expected, rtol=1e-12)
+    ct_tau, ct_y = jnp.array(-0.6), jnp.array([1.5, 0.25])
+    ct_dy, ct_dp = crossing_cotangents(g, t, y, p, rate, ct_tau, ct_y)
+    left = ct_tau * dtau + jnp.dot(ct_y, dy_at)
+    np.testing.assert_allclose(left, jnp.dot(ct_dy, dy) + ct_dp * dp, rtol=1e-12)

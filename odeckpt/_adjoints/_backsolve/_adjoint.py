@@ -5,7 +5,7 @@ from collections.abc import Callable
 import equinox as eqx
 
 from ..._checks import count, python_int
-from ..._steppers._base import AbstractStepper
+from ..._steppers import AbstractStepper
 from ._anchors import Anchoring
 from ._continuous import ContinuousAdjoint
 
@@ -115,7 +115,11 @@ class BacksolveAdjoint(ContinuousAdjoint):
     def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
         return self.reconstruct == "forward" or (self.reconstruct == "auto" and stepper.implicit)
 
-    def resolve_controller(self, loop, backward):
+    @property
+    def re_solves_from_start(self) -> bool:
+        return False
+
+    def window_controller(self, loop, backward):
         # At the backward tolerances when the forward stepper can adapt to them.
         return loop.controller if loop.stepper.error_order is None else backward
 

@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._error_norm import per_leaf, rms
+from ..._error_norm import per_leaf, scaled_distance
 from ..._loop import AbstractAdaptiveController, IntegrationLoop, LoopState, Outputs, after, before
 from ..._saveat import SaveAt
 from ..._status import Status
@@ -135,9 +135,8 @@ class Backward(eqx.Module):
                 looser = lambda b, f: jax.tree.map(jnp.maximum, b, per_leaf(f, y))
                 rtol = looser(rtol, self.loop.controller.rtol)
                 atol = looser(atol, self.loop.controller.atol)
-            scale = jax.tree.map(lambda f, r, a: a + r * jnp.abs(f), forward, rtol, atol)
-            difference = jax.tree.map(jnp.subtract, y, forward)
-            drift = jnp.where(measured, rms(difference, scale), 0).astype(dtype)
+            distance = scaled_distance(y, forward, rtol, atol, symmetric=False)
+            drift = jnp.where(measured, distance, 0).astype(dtype)
         ok = ~(drift > self.setup.max_drift)  # NaN fails too
         zero = jnp.zeros((), jnp.int32)
         return BackwardStats(ok, zero, zero, zero, drift)
@@ -189,7 +188,7 @@ def solve_backwards(backward: Backward, z, ct_jumps=None) -> tuple:
     return (*done.z[1:], done.ct_jumps), done.stats
 
 
-def resolve_from_start(backward: Backward) -> tuple[StoredStates, BackwardStats]:
+def solve_again_from_start(backward: Backward) -> tuple[StoredStates, BackwardStats]:
     """The forward solution re-solved from `t0` to the final time with the windows' controller,
     storing states as `setup.restart` says (for the windows to start from), and the stats of
     that one re-solve (failed if it does not reach the final time)."""
@@ -231,7 +230,7 @@ def solve_with_forward_states(
     problem, diff, stops = backward.problem, backward.diff, backward.stops
     stats = BackwardStats.none(final.t.dtype)
     if setup.restart is not None:
-        stored, stats = resolve_from_start(backward)
+        stored, stats = solve_again_from_start(backward)
     anchors = StoredStates(t=init.t[None], y=jax.tree.map(lambda y: y[None], init.y),
                            dt=init.dt[None])  # fmt: skip
     if stored is not None:

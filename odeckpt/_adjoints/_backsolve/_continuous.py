@@ -1,28 +1,51 @@
 """What the continuous adjoints (`BacksolveAdjoint`, `InterpolatingAdjoint`) share: their
-settings' checks, how they run the forward solve, and how their backward solve is set up."""
+settings' checks, their rule's sweeps, and how their backward solve is set up."""
 
 import abc
 import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ..._autodiff import NoForwardMode
 from ..._checks import count, known_values, tightest
 from ..._loop import AbstractAdaptiveController, AbstractController, IntegrationLoop, PIDController
 from ..._saveat import SaveAt
-from ..._steppers import map_jac, with_newton_tolerances
-from ..._steppers._base import AbstractStepper
-from .._base import AbstractAdjoint, GradientStats, RunResult
+from ..._steppers import AbstractStepper, map_jac, with_newton_tolerances
+from .._base import GradientStats
+from .._custom_rule import AbstractCustomRuleAdjoint
 from ._anchors import Anchoring
-from ._gradient import BacksolveInputs, backsolve
+from ._gradient import forward, reverse
 from ._setup import BackwardSetup
 
 
-class ContinuousAdjoint(AbstractAdjoint):
-    """A gradient from the adjoint equations solved backwards in time. A subclass has the
-    fields `solver`, `rtol`, `atol`, `checkpoints`, `window`, `max_drift` and `on_backward`
-    (see `BacksolveAdjoint`), and says how the forward state is reconstructed."""
+class ContinuousAdjoint(AbstractCustomRuleAdjoint):
+    """A gradient from the adjoint equations solved backwards in time (see `BacksolveAdjoint`
+    for the fields); a subclass says how the forward state is reconstructed."""
+
+    solver: eqx.AbstractVar[AbstractStepper | None]
+    rtol: eqx.AbstractVar[float | None]
+    atol: eqx.AbstractVar[float | None]
+    checkpoints: eqx.AbstractVar[int | None]
+    window: eqx.AbstractVar[int]
+    max_drift: eqx.AbstractVar[float]
+    on_backward: eqx.AbstractVar[Callable[[dict], None] | None]
+
+    forward_error: ClassVar[str | None] = (
+        "The continuous adjoints (BacksolveAdjoint, InterpolatingAdjoint) support reverse mode "
+        "only (jax.grad, jax.vjp, jax.jacrev). Fix: for jax.jvp / jax.jacfwd use "
+        "adjoint='forward_sensitivity' (error-controlled sensitivities), adjoint='forward' "
+        "(ForwardMode) or adjoint='direct' (DirectAdjoint)."
+    )
+    second_order_error: ClassVar[str] = (
+        "The continuous adjoints (BacksolveAdjoint, InterpolatingAdjoint): reverse mode over "
+        "their gradient (jax.grad(jax.grad(f))) is not supported, as their backward solve is a "
+        "while loop, which JAX cannot reverse. Fix: take second derivatives forward over "
+        "reverse, `jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`."
+    )
 
     @abc.abstractmethod
     def anchoring(self) -> Anchoring | None:
@@ -34,17 +57,17 @@ class ContinuousAdjoint(AbstractAdjoint):
         (rather than integrating it backwards)."""
 
     @abc.abstractmethod
-    def resolve_controller(
+    def window_controller(
         self, loop: IntegrationLoop, backward: AbstractController
     ) -> AbstractController:
-        """The controller of the forward re-solves, given the backward solve's."""
+        """The controller of the forward re-solves of windows, given the backward solve's."""
 
     @property
-    def resolves_from_start(self) -> bool:
+    @abc.abstractmethod
+    def re_solves_from_start(self) -> bool:
         """Whether the backward solve reads `y(t)` from a re-solve of the whole forward solution
         from `t0` at the backward tolerances, rather than from the states the forward solve
         stored."""
-        return False
 
     @property
     @abc.abstractmethod
@@ -88,28 +111,35 @@ class ContinuousAdjoint(AbstractAdjoint):
                 "not keep). Fix: use adjoint='recursive' (the default), 'direct' or 'forward'."
             )
 
-    def run(self, loop, state, outputs):
-        setup = self.setup(loop)
-        # Closed-over arrays of `f` become explicit leaves, so they may cross the custom_vjp
-        # boundary (and get gradients like `args`).
-        f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        events = None
-        if loop.events is not None:
-            events = loop.events.closure_converted(type(self).__name__, state.t, state.y, loop.args)
-        loop = dataclasses.replace(loop, f=f, saveat=_flags_only(loop.saveat), events=events)
+    def prepare(self, loop):
+        # The loop reads the save times from `loop.ts`: its `saveat` keeps only the flags.
+        return dataclasses.replace(loop, saveat=_flags_only(loop.saveat)), self.setup(loop)
+
+    def forward(self, inputs):
+        return forward(inputs)
+
+    def reverse(self, inputs, saved, ct_out, want):
+        return reverse(inputs, saved, ct_out, want)
+
+    def tangent(self, inputs, saved, t_inputs):
+        """Never reached: the rule refuses forward mode (`forward_error`) before it."""
+        raise NoForwardMode(self.forward_error)
+
+    def gradient_stats(self, settings: BackwardSetup, final):
+        """The forward checkpoints, and the forward steps re-solved for the backward solve,
+        counted in the forward solve's steps: at least each once where the backward solve
+        reads `y(t)` from re-solves (more where stored states lie over `window` steps apart),
+        and once more for a re-solve from `t0`."""
         anchoring = self.anchoring()
-        # A re-solve from `t0` stores its own states: the forward solve stores none.
-        stored_by_forward = None if setup.restart is not None else anchoring
-        inputs = BacksolveInputs(loop, state, outputs)
-        final, outputs = backsolve(inputs, setup, stored_by_forward)
         num_checkpoints = jnp.asarray(0 if anchoring is None else anchoring.slots, jnp.int32)
-        return RunResult(final, outputs, GradientStats(num_checkpoints, jnp.zeros((), jnp.int32)))
+        passes = int(settings.reconstruct_forward) + int(settings.restart is not None)
+        return GradientStats(num_checkpoints, (passes * final.num_steps).astype(jnp.int32))
 
     def setup(self, loop: IntegrationLoop) -> BackwardSetup:
         """How the backward solve runs after a forward solve of `loop` (raises, naming the fix,
         on a configuration it cannot run)."""
         name = type(self).__name__
-        if self.resolves_from_start and loop.stepper.error_order is None:
+        if self.re_solves_from_start and loop.stepper.error_order is None:
             raise ValueError(
                 f"{name}(rtol=..., atol=...) re-solves the forward solution at those "
                 f"tolerances, and the forward stepper {type(loop.stepper).__name__} has no "
@@ -142,7 +172,7 @@ class ContinuousAdjoint(AbstractAdjoint):
             "backward `rtol`/`atol`, raise `max_steps`, or use `RecursiveCheckpointAdjoint`, "
             "whose gradients do not solve a backward ODE."
         )
-        window_controller = self.resolve_controller(loop, controller)
+        window_controller = self.window_controller(loop, controller)
         window_stepper = held if window_controller is controller else loop.stepper
         return BackwardSetup(
             # A user's `jac` is that of `f`, not of the backward system (`jax.jacfwd` of which
@@ -150,7 +180,9 @@ class ContinuousAdjoint(AbstractAdjoint):
             stepper=map_jac(stepper, lambda _: None), controller=controller,
             window_stepper=window_stepper,
             window_controller=window_controller,
-            restart=self.anchoring() if self.resolves_from_start else None,
+            # A re-solve from `t0` stores its own states: the forward solve stores none.
+            forward_anchoring=None if self.re_solves_from_start else self.anchoring(),
+            restart=self.anchoring() if self.re_solves_from_start else None,
             # The seminorm leaves the integral `g` to the error control of the rest. With `y`
             # integrated backwards that holds `y`, whose derivative `-f` carries f's explicit
             # dependence on time; with `y` read from re-solves it is the adjoint alone, which

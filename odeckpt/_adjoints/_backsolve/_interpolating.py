@@ -6,7 +6,7 @@ from collections.abc import Callable
 import equinox as eqx
 
 from ..._checks import count, python_int
-from ..._steppers._base import AbstractStepper
+from ..._steppers import AbstractStepper
 from ._anchors import Anchoring
 from ._continuous import ContinuousAdjoint
 
@@ -111,13 +111,13 @@ class InterpolatingAdjoint(ContinuousAdjoint):
         return True
 
     @property
-    def resolves_from_start(self) -> bool:
+    def re_solves_from_start(self) -> bool:
         return self.rtol is not None or self.atol is not None
 
-    def resolve_controller(self, loop, backward):
+    def window_controller(self, loop, backward):
         # At tolerances of its own, `y(t)` is re-solved at them; else the re-solves retrace the
         # forward solution, step for step.
-        return backward if self.resolves_from_start else loop.controller
+        return backward if self.re_solves_from_start else loop.controller
 
     @property
     def seminormed(self) -> bool:

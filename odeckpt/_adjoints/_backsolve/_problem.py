@@ -1,5 +1,4 @@
-"""The backward system of `BacksolveAdjoint`: the augmented ODE, its seminorm, and the pairing
-of cotangents."""
+"""The backward system of the continuous adjoints: the augmented ODE and its seminorm."""
 
 import dataclasses
 from collections.abc import Callable
@@ -9,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._steppers import AbstractStepper, AbstractWrapper, Step, map_jac
-from ..._types import Args, Scalar, Y
+from ..._types import Args, Y
 
 
 class Problem(eqx.Module):
@@ -105,9 +104,3 @@ class Seminorm(AbstractWrapper):
 
 def _size(tree) -> int:
     return sum(leaf.size for leaf in jax.tree.leaves(tree))
-
-
-def pair(ct: Y, v: Y) -> Scalar:
-    """`<ct, v>`: the cotangent pairing (real part, as for JAX's complex cotangents)."""
-    terms = jax.tree.leaves(jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v))
-    return sum(terms[1:], terms[0])

@@ -6,7 +6,7 @@ import equinox as eqx
 
 from ..._loop import AbstractController, IntegrationLoop
 from ..._saveat import SaveAt
-from ..._steppers._base import AbstractStepper
+from ..._steppers import AbstractStepper
 from ..._types import Scalar
 from ._anchors import Anchoring
 from ._problem import Problem, Seminorm
@@ -25,6 +25,8 @@ class BackwardSetup(eqx.Module):
     - `window`: steps of dense output a forward re-solve keeps.
     - `window_stepper`, `window_controller`: the stepper and controller of the forward
         re-solves.
+    - `forward_anchoring`: where the forward solve stores states for the backward solve
+        (`None`: nowhere).
     - `restart`: where a re-solve of the forward solution from `t0` with `window_controller`
         stores the states the windows start from (`None`: the windows start from the states
         the forward solve stored).
@@ -38,6 +40,7 @@ class BackwardSetup(eqx.Module):
     controller: AbstractController
     window_stepper: AbstractStepper
     window_controller: AbstractController
+    forward_anchoring: Anchoring | None
     restart: Anchoring | None
     seminorm: bool = eqx.field(static=True)
     reconstruct_forward: bool = eqx.field(static=True)

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 
 from ..._checks import all_finite
 from ..._loop import IntegrationLoop, LoopState, Outputs, after, before
-from ..._steppers._base import AbstractStepper
+from ..._steppers import AbstractStepper
 from ..._types import Y
-from ._problem import Problem, pair
+from .._derivatives import pair
+from ._problem import Problem
 
 
 class StoredStates(eqx.Module):
@@ -56,7 +57,7 @@ class DenseStops(eqx.Module):
             return stepper.step(f, t0, t1, y, d, stepper.init(f, t0, y, d)).dense
 
         _, vjp = jax.vjp(coeffs, self.start_state(row), diff)
-        return vjp(_rows(self.ct_coeffs, row))
+        return vjp(_row(self.ct_coeffs, row))
 
 
 def output_stops(
@@ -165,7 +166,7 @@ class Stops(eqx.Module):
                 a = jax.tree.map(jnp.add, a, _masked(here, jump_a))
                 g = jax.tree.map(jnp.add, g, _masked(here, jump_g))
             elif kind.jump_a is not None:
-                a = jax.tree.map(jnp.add, a, _masked(here, _rows(kind.jump_a, row)))
+                a = jax.tree.map(jnp.add, a, _masked(here, _row(kind.jump_a, row)))
         anchored, anchor = self.anchor(j, y)
         if y is not None:
             y = _select(anchored, anchor, y)
@@ -180,7 +181,7 @@ class Stops(eqx.Module):
             if isinstance(kind, DenseStops):
                 value = kind.start_state(row)
             elif isinstance(kind, PointStops) and kind.anchor is not None:
-                value = _rows(kind.anchor, row)
+                value = _row(kind.anchor, row)
             else:
                 continue
             anchored = anchored | here
@@ -205,7 +206,7 @@ class Stops(eqx.Module):
             yield kind, here, jnp.clip(j - offset, 0, size - 1)
 
 
-def _rows(tree, row):
+def _row(tree, row):
     return jax.tree.map(lambda x: x[row], tree)
 
 

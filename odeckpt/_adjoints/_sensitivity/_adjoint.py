@@ -2,29 +2,24 @@
 control."""
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._autodiff import Sweeps, differentiable
-from ..._checks import known_values
-from ..._loop import (
-    AbstractAdaptiveController,
-    AbstractController,
-    IntegrationLoop,
-    LoopState,
-    Outputs,
-)
+from ..._checks import known_values, leading_mask
+from ..._loop import AbstractAdaptiveController, AbstractController
 from ..._real_coordinates import RealCoordinates
 from ..._steppers import with_staggered_tangents
-from .._base import AbstractAdjoint, GradientStats, RunResult, while_loop
-from ._solve import Integrated, SensitivityInputs, checked, integrated, sensitivities
+from .._base import GradientStats, while_loop
+from .._custom_rule import AbstractCustomRuleAdjoint, RuleInputs, checked, loop_cotangent
+from .._derivatives import OutputTimes, pair, terminated
+from ._solve import Integrated, integrated, sensitivities, sensitivity_checks
 
 
-class ForwardSensitivity(AbstractAdjoint):
+class ForwardSensitivity(AbstractCustomRuleAdjoint):
     """Derivatives by forward sensitivities whose error the step-size control keeps within the
     solve's tolerances.
 
@@ -101,6 +96,15 @@ class ForwardSensitivity(AbstractAdjoint):
     rtol: float | None = None
     atol: float | None = None
 
+    forward_error: ClassVar[str | None] = None
+    second_order_error: ClassVar[str] = (
+        "ForwardSensitivity: reverse-mode differentiation of its derivatives, as "
+        "`jax.jacrev(jax.jacfwd(f))` or `jax.grad(jax.grad(f))` take it, is not supported: they "
+        "are sensitivity solves in a while loop, which JAX cannot reverse. Fix: take second "
+        "derivatives forward over reverse, `jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`, or "
+        "forward over forward, `jax.jacfwd(jax.jacfwd(f))`."
+    )
+
     def __check_init__(self):
         for name in ("rtol", "atol"):
             value = getattr(self, name)
@@ -111,7 +115,7 @@ class ForwardSensitivity(AbstractAdjoint):
                     "for the solve's own tolerance."
                 )
 
-    def run(self, loop, state, outputs):
+    def prepare(self, loop):
         if loop.saveat.steps or loop.saveat.dense:
             raise ValueError(
                 "adjoint=ForwardSensitivity() saves at t0, t1 and save times only. Fix: drop "
@@ -119,43 +123,21 @@ class ForwardSensitivity(AbstractAdjoint):
                 "SaveAt(ts=...), or use adjoint='recursive'."
             )
         self._check_controller(loop.controller)
-        # Closed-over arrays of `f` become explicit leaves: they get sensitivities like `args`.
-        f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
-        events = loop.events
-        if events is not None:
-            events = events.closure_converted("ForwardSensitivity", state.t, state.y, loop.args)
-        loop = dataclasses.replace(
-            loop, f=f, stepper=with_staggered_tangents(loop.stepper), events=events
-        )
-        inputs = SensitivityInputs(loop, state, outputs)
-        arguments = _Arguments.of(inputs, (self.rtol, self.atol))
-        arrays, static = eqx.partition(arguments, eqx.is_array)
-        whole = lambda arrays: eqx.combine(arrays, static)
+        loop = dataclasses.replace(loop, stepper=with_staggered_tangents(loop.stepper))
+        return loop, (self.rtol, self.atol)
 
-        def primal(arrays):
-            final, outputs, _ = while_loop(*whole(arrays).inputs)
-            return final, outputs
+    def forward(self, inputs):
+        final, outputs, _ = while_loop(inputs.full_loop, inputs.init, inputs.outputs)
+        return (final, outputs), (final, outputs)
 
-        def sweeps() -> Sweeps:
-            def forward(arrays):
-                out = primal(arrays)
-                return out, out
+    def reverse(self, inputs, saved, ct_out, want):
+        return _reverse(inputs, saved, ct_out, want)
 
-            def tangent(arrays, saved, t_arrays):
-                arguments = whole(arrays)
-                return _tangent(arguments.inputs, saved, t_arrays.inputs, arguments.tolerances)
+    def tangent(self, inputs, saved, t_inputs):
+        return _tangent(inputs, saved, t_inputs)
 
-            def reverse(arrays, saved, ct_out, want):
-                arguments = whole(arrays)
-                ct = _reverse(arguments.inputs, saved, ct_out, want, arguments.tolerances)
-                return _Arguments.of(ct, None)
-
-            return Sweeps(forward, reverse, tangent)
-
-        final, outputs = differentiable(
-            primal, sweeps, arrays, second_order_error=SECOND_ORDER_ERROR
-        )
-        return RunResult(final, outputs, GradientStats.none())
+    def gradient_stats(self, settings, final):
+        return GradientStats.none()
 
     def _check_controller(self, controller: AbstractController) -> None:
         """Raise, naming the fix, where the sensitivities' error control cannot be applied:
@@ -180,75 +162,25 @@ class ForwardSensitivity(AbstractAdjoint):
             )
 
 
-SECOND_ORDER_ERROR = (
-    "ForwardSensitivity: reverse-mode differentiation of its derivatives, as "
-    "`jax.jacrev(jax.jacfwd(f))` or `jax.grad(jax.grad(f))` take it, is not supported: they are "
-    "sensitivity solves in a while loop, which JAX cannot reverse. Fix: take second "
-    "derivatives forward over reverse, `jax.jacfwd(jax.jacrev(f))` or `jax.hessian(f)`, or "
-    "forward over forward, `jax.jacfwd(jax.jacfwd(f))`."
-)
-
-
-class _Arguments(NamedTuple):
-    """What the rule is differentiated with respect to: the inputs, and the sensitivities'
-    `(rtol, atol)` (`None` for the state's), which may be traced arrays and so must be
-    arguments of the rule, never values it closes over. The loop's `jump_ts` are an entry of
-    their own: the reverse sweep integrates their sensitivities only when they are
-    differentiated (`want.jump_ts`)."""
-
-    loop: IntegrationLoop
-    init: LoopState
-    outputs: Outputs
-    tolerances: tuple
-    jump_ts: jax.Array | None
-
-    @classmethod
-    def of(cls, inputs: SensitivityInputs, tolerances) -> "_Arguments":
-        loop = dataclasses.replace(inputs.loop, jump_ts=None)
-        return cls(loop, inputs.init, inputs.outputs, tolerances, inputs.loop.jump_ts)
-
-    @property
-    def inputs(self) -> SensitivityInputs:
-        loop = dataclasses.replace(self.loop, jump_ts=self.jump_ts)
-        return SensitivityInputs(loop, self.init, self.outputs)
-
-
 def _zeros_like_out(out):
     """A tangent of `out`: zeros on its inexact leaves, `None` elsewhere."""
     return jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out)
 
 
-def _times_part(inputs: SensitivityInputs, saved, dt_end, dts):
-    """The outputs' tangents from moving the final time and the save times: `f(t, y(t)) dt`."""
-    loop = inputs.loop
+def _output_times(inputs: RuleInputs, saved) -> OutputTimes:
+    """The final time and the save times, and how the outputs move with them."""
+    loop = inputs.full_loop
     final, outputs = saved
     f_end = loop.stepper.derivative(final.stepper_state)
-    # A terminal event ends the solve where it fires, however the end of the span moves.
-    dt_end = jnp.where(_fired(loop, final), 0, dt_end)
-    end = jax.tree.map(lambda f: f * dt_end.astype(f.dtype), f_end)
-    if loop.ts is None:
-        return end, None
-    written = _written(inputs, outputs)
-
-    def row(t, y, dt, keep):
-        rate = loop.f(t, y, loop.args)
-        return jax.tree.map(lambda r: jnp.where(keep, r * dt.astype(r.dtype), 0), rate)
-
-    safe = lambda t, y: (jnp.where(jnp.isfinite(t), t, 0), y)
-    ts, ys = safe(loop.ts, outputs.ts)
-    ys = jax.tree.map(lambda y: jnp.where(_rows(written, y), y, 0), ys)
-    return end, jax.vmap(row)(ts, ys, dts, written)
+    field = lambda t, y: loop.f(t, y, loop.args)
+    written = None if loop.ts is None else _written(inputs, outputs)
+    return OutputTimes(f_end, terminated(loop, final), field, loop.ts, outputs.ts, written)
 
 
-def _fired(loop, final) -> jax.Array:
-    """Whether a terminal event ended the solve."""
-    return jnp.zeros((), bool) if loop.events is None else final.events.event >= 0
-
-
-def _written(inputs: SensitivityInputs, outputs) -> jax.Array:
+def _written(inputs: RuleInputs, outputs) -> jax.Array:
     """Which save-time rows the loop writes (times after `t0`, reached); the others keep the
     values (and tangents) they had on input."""
-    loop, init, _ = inputs
+    loop, init = inputs.loop, inputs.init
     m = loop.ts.shape[0]
     reached = jax.vmap(lambda y: jnp.all(jnp.isfinite(y)))(
         jax.tree.leaves(outputs.ts)[0].reshape(m, -1)
@@ -256,44 +188,33 @@ def _written(inputs: SensitivityInputs, outputs) -> jax.Array:
     return (jnp.arange(m) >= init.save_index) & reached & jnp.isfinite(loop.ts)
 
 
-def _rows(mask, y):
-    return mask.reshape(mask.shape + (1,) * (y.ndim - 1))
-
-
-def _tangent(inputs: SensitivityInputs, saved, t_inputs: SensitivityInputs, tolerances):
+def _tangent(inputs: RuleInputs, saved, t_inputs: RuleInputs):
     """The tangent of `(final state, outputs)` along `t_inputs`: one sensitivity solve."""
-    loop = inputs.loop
+    loop = inputs.full_loop
     final, outputs = saved
     direction = integrated(t_inputs)
-    sens = sensitivities(inputs, jax.tree.map(lambda x: x[None], direction), tolerances)
-    end, rows = _times_part(inputs, saved, t_inputs.loop.t_end, t_inputs.loop.ts)
-    sens = checked(loop, final, sens, sens)
+    sens = sensitivities(inputs, jax.tree.map(lambda x: x[None], direction))
+    times = _output_times(inputs, saved)
+    end, rows = times.tangent(t_inputs.loop.t_end, t_inputs.loop.ts)
+    sens = checked(sens, loop, final, sensitivity_checks(loop, final, sens))
     t_final = _zeros_like_out(final)
     dy = jax.tree.map(lambda s, e: s[0] + e, sens.end, end)
-    t_end = jnp.where(_fired(loop, final), sens.t_end[0], t_inputs.loop.t_end)
+    t_end = jnp.where(times.ended_by_event, sens.t_end[0], t_inputs.loop.t_end)
     t_final = dataclasses.replace(t_final, y=dy, t=t_end.astype(final.t.dtype))
     t_outputs = _zeros_like_out(outputs)
     if rows is not None:
-        written = _written(inputs, outputs)
         values = jax.tree.map(
-            lambda s, e, given: jnp.where(_rows(written, e), s[:, 0] + e, given),
+            lambda s, e, given: jnp.where(leading_mask(times.keep, e), s[:, 0] + e, given),
             sens.rows, rows, t_inputs.outputs.ts,
         )  # fmt: skip
         t_outputs = dataclasses.replace(t_outputs, ts=values)
     return t_final, t_outputs
 
 
-def _pair(ct, t):
-    """`Re sum(ct * t)`, JAX's pairing of a cotangent with a tangent (complex included)."""
-    return sum(
-        jnp.sum(jnp.real(c * x)) for c, x in zip(*map(jax.tree.leaves, (ct, t)), strict=True)
-    )
-
-
-def _reverse(inputs: SensitivityInputs, saved, ct_out, want: "_Arguments", tolerances):
+def _reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
     """The cotangents of the inputs: the Jacobian along every integrated input component (one
     sensitivity solve), contracted with the cotangent."""
-    loop, init, outputs_in = inputs
+    loop, init, outputs_in = inputs.full_loop, inputs.init, inputs.outputs
     final, outputs = saved
     ct_final, ct_outputs = ct_out
     theta = integrated(inputs)
@@ -304,33 +225,30 @@ def _reverse(inputs: SensitivityInputs, saved, ct_out, want: "_Arguments", toler
     if not want.jump_ts:
         theta = dataclasses.replace(theta, jump_ts=None)
     coordinates, flat = RealCoordinates.make(theta)
-    written = None if loop.ts is None else _written(inputs, outputs)
+    times = _output_times(inputs, saved)
     if flat.shape[0] == 0:
         values = flat  # only times are differentiated: `dy/dt = f` needs no sensitivity
     else:
         basis = jax.vmap(coordinates.unravel)(jnp.eye(flat.shape[0], dtype=flat.dtype))
-        sens = sensitivities(inputs, _completed(basis, inputs), tolerances)
-        values = _contracted(checked(loop, final, sens, sens), ct_final, ct_outputs, written)
+        sens = sensitivities(inputs, _completed(basis, inputs))
+        sens = checked(sens, loop, final, sensitivity_checks(loop, final, sens))
+        values = _contracted(sens, ct_final, ct_outputs, times.keep)
     # A complex input's cotangent is (pairing with 1) - i (pairing with i).
     ct_theta = jax.tree.map(jnp.conj, coordinates.unravel(values.astype(flat.dtype)))
-    times = lambda dt_end, dts: _times_part(inputs, saved, dt_end, dts)
-    dts0 = None if loop.ts is None else jnp.zeros_like(loop.ts)
-    ct_end, ct_ts = _times_transpose(times, loop.t_end, dts0, ct_final, ct_outputs)
+    ct_end, ct_ts = times.cotangents(loop.t_end, ct_final.t, ct_final.y, ct_outputs.ts)
+    g_f, g_args = ct_theta.diff if want.loop else (None, None)
+    ct_loop = loop_cotangent(loop, f=g_f, args=g_args, t_end=ct_end, ts=ct_ts,
+                             jump_ts=ct_theta.jump_ts)  # fmt: skip
     empty = lambda tree: jax.tree.map(lambda _: None, tree)
-    ct_loop = empty(loop)
-    if want.loop:
-        g_f, g_args = ct_theta.diff
-        ct_loop = dataclasses.replace(ct_loop, f=g_f, args=g_args)
-    ct_end = ct_end + jnp.where(_fired(loop, final), 0, ct_final.t)
-    ct_loop = dataclasses.replace(ct_loop, t_end=ct_end, ts=ct_ts, jump_ts=ct_theta.jump_ts)
     ct_init = empty(init)
     if want.init:
         ct_init = dataclasses.replace(ct_init, y=ct_theta.y0, t=ct_theta.t0)
     ct_outputs_in = None
     if loop.ts is not None and want.outputs:
-        kept = jax.tree.map(lambda c: jnp.where(_rows(written, c), 0, c), ct_outputs.ts)
+        written = lambda c: leading_mask(times.keep, c)
+        kept = jax.tree.map(lambda c: jnp.where(written(c), 0, c), ct_outputs.ts)
         ct_outputs_in = dataclasses.replace(empty(outputs_in), ts=kept)
-    return SensitivityInputs(ct_loop, ct_init, ct_outputs_in)
+    return RuleInputs.of(ct_loop, ct_init, ct_outputs_in)
 
 
 def _contracted(sens, ct_final, ct_outputs, written) -> jax.Array:
@@ -338,28 +256,20 @@ def _contracted(sens, ct_final, ct_outputs, written) -> jax.Array:
     sensitivities (leading axis) paired with the outputs' cotangents."""
     if sens.rows is not None:
         # Rows the loop does not write (the repeats of a save time) hold inf: 0 * inf is NaN.
-        ct_rows = jax.tree.map(lambda c: jnp.where(_rows(written, c), c, 0), ct_outputs.ts)
-        rows = jax.tree.map(lambda s: jnp.where(_rows(written, s), s, 0), sens.rows)
+        ct_rows = jax.tree.map(lambda c: jnp.where(leading_mask(written, c), c, 0), ct_outputs.ts)
+        rows = jax.tree.map(lambda s: jnp.where(leading_mask(written, s), s, 0), sens.rows)
 
     def column(k):
-        value = _pair(ct_final.y, jax.tree.map(lambda s: s[k], sens.end))
+        value = pair(ct_final.y, jax.tree.map(lambda s: s[k], sens.end))
         value = value + ct_final.t * sens.t_end[k]
         if sens.rows is not None:
-            value = value + _pair(ct_rows, jax.tree.map(lambda s: s[:, k], rows))
+            value = value + pair(ct_rows, jax.tree.map(lambda s: s[:, k], rows))
         return value
 
     return jax.vmap(column)(jnp.arange(sens.t_end.shape[0]))
 
 
-def _times_transpose(times, t_end, dts0, ct_final, ct_outputs):
-    """The cotangents of the final time and the save times through `f(t, y(t)) dt`."""
-    _, vjp = jax.vjp(times, t_end, dts0)
-    ct_rows = None if dts0 is None else ct_outputs.ts
-    ct_end, ct_ts = vjp((ct_final.y, ct_rows))
-    return ct_end, ct_ts
-
-
-def _completed(basis: Integrated, inputs: SensitivityInputs) -> Integrated:
+def _completed(basis: Integrated, inputs: RuleInputs) -> Integrated:
     """`basis` with zero directions for the inputs it leaves out."""
     theta = integrated(inputs)
     k = jax.tree.leaves(basis)[0].shape[0]

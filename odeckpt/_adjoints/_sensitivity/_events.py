@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from ..._loop import Event, EventSet, after, before
 from ..._types import Scalar, VectorField, Y
+from .._derivatives import crossing_tangent
 from ._stepper import Augmented, SensitivityArgs, differentiable_part
 
 
@@ -45,15 +46,7 @@ def crossing_tangents(
         return g(tau, y, eqx.combine(diff, static)[1])
 
     rate = f(tau, y, args.args)
-    zero_diff = jax.tree.map(jnp.zeros_like, diff)
-    one = jnp.ones_like(tau)
-    slope = jax.jvp(event, (tau, y, diff), (one, rate, zero_diff))[1]
-
-    def along(s, d):
-        moved = jax.jvp(event, (tau, y, diff), (jnp.zeros_like(tau), s, d))[1]
-        dtau = (-moved / slope).astype(tau.dtype)
-        return dtau, jax.tree.map(lambda s, r: s + r * dtau.astype(r.dtype), s, rate)
-
+    along = lambda s, d: crossing_tangent(event, tau, y, diff, rate, s, d)
     dtau, at_event = jax.vmap(along)(s, args.directions)
     return CrossingTangents(dtau, at_event)
 

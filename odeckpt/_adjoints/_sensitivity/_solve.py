@@ -2,17 +2,17 @@
 tangents of the solve's outputs it gives."""
 
 import dataclasses
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._error_norm import per_leaf, rms
-from ..._loop import AbstractAdaptiveController, EventState, IntegrationLoop, LoopState, Outputs
+from ..._error_norm import scaled_distance
+from ..._loop import AbstractAdaptiveController, EventState, IntegrationLoop, LoopState
 from ..._status import Status
 from ..._types import Y
 from .._base import while_loop
+from .._custom_rule import RuleInputs
 from ._events import crossing_tangents, sensitivity_events, sensitivity_jumps
 from ._stepper import (
     Augmented,
@@ -47,14 +47,6 @@ states of the solve of the state and of the solve of its sensitivities may lie a
 solutions to the tolerances, while one that met another crossing lies far from the other."""
 
 
-class SensitivityInputs(NamedTuple):
-    """What a solve with `ForwardSensitivity` is differentiated with respect to."""
-
-    loop: IntegrationLoop
-    init: LoopState
-    outputs: Outputs
-
-
 class Integrated(eqx.Module):
     """The inputs whose tangents the sensitivity equations carry: the initial state, the
     parameters (inexact arrays of the vector field and of `args`), the initial time and the
@@ -81,9 +73,10 @@ class Sensitivities(eqx.Module):
     state_end: Y
 
 
-def integrated(inputs: SensitivityInputs) -> Integrated:
+def integrated(inputs: RuleInputs) -> Integrated:
+    """The integrated part of `inputs` (or of their tangent)."""
     diff, _ = differentiable_part(inputs.loop.f, inputs.loop.args)
-    return Integrated(inputs.init.y, diff, inputs.init.t, inputs.loop.jump_ts)
+    return Integrated(inputs.init.y, diff, inputs.init.t, inputs.jump_ts)
 
 
 def _scale(theta: Integrated, span, direction: Integrated):
@@ -99,13 +92,11 @@ def _scale(theta: Integrated, span, direction: Integrated):
     return jnp.where(scale > 0, scale, 1).astype(span.dtype)
 
 
-def sensitivities(
-    inputs: SensitivityInputs, directions: Integrated, tolerances: tuple
-) -> Sensitivities:
+def sensitivities(inputs: RuleInputs, directions: Integrated) -> Sensitivities:
     """Solve the state with its sensitivities along `directions` (each leaf with a leading axis
     of directions), under one error control (`MaxNormController`), the sensitivities held to
-    `tolerances` (`(rtol, atol)`, `None` for the state's)."""
-    loop, init, _ = inputs
+    the tolerances `inputs.settings` (`(rtol, atol)`, `None` for the state's)."""
+    loop, init = inputs.full_loop, inputs.init
     theta = integrated(inputs)
     span = loop.t_end - init.t
     scales = jax.vmap(lambda d: _scale(theta, span, d))(directions)
@@ -119,7 +110,7 @@ def sensitivities(
         return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff), jumps
 
     s0, dtheta, djumps = jax.vmap(start)(directions, scales)
-    aug = sensitivity_loop(loop, dtheta, *tolerances, jump_directions=djumps)
+    aug = sensitivity_loop(loop, dtheta, *inputs.settings, jump_directions=djumps)
     aug_init, _ = aug.init_state(init.t, Augmented(init.y, s0), init.dt)
     final, outputs, _ = while_loop(aug, aug_init, aug.init_outputs(aug_init))
     end, t_end = final.y.s, jnp.zeros(scales.shape, final.t.dtype)
@@ -170,23 +161,17 @@ def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
     return jax.tree.map(pick, at.y, final.y.s), pick(at.tau, jnp.zeros_like(at.tau))
 
 
-def checked(loop: IntegrationLoop, primal: LoopState, sens: Sensitivities, tree):
-    """`tree`, raising (with `throw`) if, after a successful solve of the state (`primal`, its
-    final state), the sensitivity solve failed or met other events; NaN wherever it did."""
-    primal_ok = loop.final_status(primal) == Status.successful
+def sensitivity_checks(loop: IntegrationLoop, primal: LoopState, sens: Sensitivities) -> list:
+    """The checks (`_custom_rule.checked`) of a sensitivity solve after the solve of the state
+    (`primal`, its final state): that it met the same events (first: a sensitivity solve may
+    fail because of other events, at `max_jumps`), and that it succeeded."""
     same_events = jnp.array(True)
     if sens.events is not None:
         same_events = (sens.events.event == primal.events.event) & jnp.all(
             sens.events.num_jumps == primal.events.num_jumps
         )
         same_events = same_events & _near(loop.controller, primal.y, sens.state_end)
-    if loop.throw:
-        # Other events first: a sensitivity solve may fail because of them (`max_jumps`).
-        tree = eqx.error_if(tree, primal_ok & ~same_events, EVENTS_DIFFER)
-        tree = eqx.error_if(tree, primal_ok & same_events & ~sens.succeeded, SENSITIVITY_FAILED)
-    trusted = sens.succeeded & same_events
-    nan = lambda x: jnp.where(trusted, x, jnp.nan).astype(x.dtype)
-    return jax.tree.map(lambda x: nan(x) if eqx.is_inexact_array(x) else x, tree)
+    return [(same_events, EVENTS_DIFFER), (sens.succeeded, SENSITIVITY_FAILED)]
 
 
 def _near(controller, y: Y, other: Y) -> jax.Array:
@@ -195,9 +180,5 @@ def _near(controller, y: Y, other: Y) -> jax.Array:
     same crossings)."""
     if not isinstance(controller, AbstractAdaptiveController):
         return jnp.array(True)
-    rtol, atol = per_leaf(controller.rtol, y), per_leaf(controller.atol, y)
-    scale = jax.tree.map(
-        lambda a, b, r, t: t + r * jnp.maximum(jnp.abs(a), jnp.abs(b)), y, other, rtol, atol
-    )
-    difference = rms(jax.tree.map(jnp.subtract, y, other), scale)
-    return difference <= MAX_TRAJECTORY_DIFFERENCE
+    distance = scaled_distance(y, other, controller.rtol, controller.atol)
+    return distance <= MAX_TRAJECTORY_DIFFERENCE
