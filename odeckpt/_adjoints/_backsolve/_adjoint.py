@@ -7,7 +7,9 @@ import equinox as eqx
 from ..._checks import count, python_int
 from ..._steppers import AbstractStepper
 from ._anchors import Anchoring
+from ._backward import IntegrateStateBackwards, ReadForwardStates
 from ._continuous import ContinuousAdjoint
+from ._setup import AbstractBackwardSolve
 
 
 class BacksolveAdjoint(ContinuousAdjoint):
@@ -112,8 +114,9 @@ class BacksolveAdjoint(ContinuousAdjoint):
     def anchoring(self) -> Anchoring | None:
         return None if self.checkpoints is None else Anchoring(int(self.checkpoints), None)
 
-    def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
-        return self.reconstruct == "forward" or (self.reconstruct == "auto" and stepper.implicit)
+    def backward_solve(self, stepper: AbstractStepper) -> AbstractBackwardSolve:
+        forward = self.reconstruct == "forward" or (self.reconstruct == "auto" and stepper.implicit)
+        return ReadForwardStates() if forward else IntegrateStateBackwards()
 
     @property
     def re_solves_from_start(self) -> bool:

@@ -16,7 +16,7 @@ from ..._status import Status
 from ..._types import BoolScalar, IntScalar, Scalar
 from .._base import while_loop
 from ._problem import Problem
-from ._setup import BackwardSetup
+from ._setup import AbstractBackwardSolve, BackwardSetup
 from ._stops import Stops, StoredStates
 from ._window import Window, solve_window
 
@@ -296,3 +296,23 @@ def solve_with_forward_states(
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
     done = jax.lax.while_loop(cond, body, carry)
     return (*done.a_g, done.ct_jumps), done.stats
+
+
+class IntegrateStateBackwards(AbstractBackwardSolve):
+    """The augmented system `(y, a, g)` integrated backwards, `y` re-anchored at the states
+    the forward solve stored (`solve_backwards`)."""
+
+    reads_forward_states = False
+
+    def __call__(self, backward, stored, a, g, ct_jumps):
+        return solve_backwards(backward, (backward.final.y, a, g), ct_jumps)
+
+
+class ReadForwardStates(AbstractBackwardSolve):
+    """`(a, g)` integrated backwards, `y(t)` read from forward re-solves of windows that start
+    at stored states (`solve_with_forward_states`)."""
+
+    reads_forward_states = True
+
+    def __call__(self, backward, stored, a, g, ct_jumps):
+        return solve_with_forward_states(backward, stored, (a, g), ct_jumps)

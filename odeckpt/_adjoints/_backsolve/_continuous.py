@@ -19,7 +19,7 @@ from .._base import GradientStats
 from .._custom_rule import AbstractCustomRuleAdjoint
 from ._anchors import Anchoring
 from ._gradient import forward, reverse
-from ._setup import BackwardSetup
+from ._setup import AbstractBackwardSolve, BackwardSetup
 
 
 class ContinuousAdjoint(AbstractCustomRuleAdjoint):
@@ -52,9 +52,8 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
         """Where the forward solve stores states for the backward solve (`None`: nowhere)."""
 
     @abc.abstractmethod
-    def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
-        """Whether the backward solve with `stepper` reads `y(t)` from forward re-solves
-        (rather than integrating it backwards)."""
+    def backward_solve(self, stepper: AbstractStepper) -> AbstractBackwardSolve:
+        """The backward solve with the backward stepper `stepper`."""
 
     @abc.abstractmethod
     def window_controller(
@@ -132,7 +131,7 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
         and once more for a re-solve from `t0`."""
         anchoring = self.anchoring()
         num_checkpoints = jnp.asarray(0 if anchoring is None else anchoring.slots, jnp.int32)
-        passes = int(settings.reconstruct_forward) + int(settings.restart is not None)
+        passes = int(settings.solve.reads_forward_states) + int(settings.restart is not None)
         return GradientStats(num_checkpoints, (passes * final.num_steps).astype(jnp.int32))
 
     def setup(self, loop: IntegrationLoop) -> BackwardSetup:
@@ -173,6 +172,7 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
             "whose gradients do not solve a backward ODE."
         )
         window_controller = self.window_controller(loop, controller)
+        solve = self.backward_solve(stepper)
         window_stepper = held if window_controller is controller else loop.stepper
         return BackwardSetup(
             # A user's `jac` is that of `f`, not of the backward system (`jax.jacfwd` of which
@@ -187,8 +187,7 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
             # integrated backwards that holds `y`, whose derivative `-f` carries f's explicit
             # dependence on time; with `y` read from re-solves it is the adjoint alone, which
             # does not change at all where `f` does not depend on `y` (a forcing): `g` stays in.
-            seminorm=self.seminormed and not self.reconstructs_forward(stepper),
-            reconstruct_forward=self.reconstructs_forward(stepper),
+            seminorm=self.seminormed and not solve.reads_forward_states, solve=solve,
             window=self.window, max_drift=self.max_drift, on_backward=self.on_backward,
             failure=failure,
         )  # fmt: skip

@@ -13,7 +13,7 @@ from ..._loop import IntegrationLoop, LoopState, Outputs
 from .._base import while_loop
 from .._custom_rule import RuleInputs, checked, loop_cotangent
 from .._derivatives import OutputTimes, crossing_cotangents, pair, terminated
-from ._backward import Backward, BackwardStats, solve_backwards, solve_with_forward_states
+from ._backward import Backward, BackwardStats
 from ._problem import Problem
 from ._setup import BackwardSetup
 from ._stops import Stops, dense_stops, jump_stops, output_stops
@@ -51,10 +51,7 @@ def reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
     times = OutputTimes(rate, terminated(loop, final), field, loop.ts, outputs.ts, keep)
     ct_t_end, ct_ts = times.cotangents(loop.t_end, ct_final.t, ct_final.y, ct_outputs.ts)
     ct_jumps = None if jumps is None else jnp.zeros_like(loop.jump_ts)
-    if setup.reconstruct_forward:
-        (a, g, ct_jumps), stats = solve_with_forward_states(backward, stored, (a, g), ct_jumps)
-    else:
-        (a, g, ct_jumps), stats = solve_backwards(backward, (final.y, a, g), ct_jumps)
+    (a, g, ct_jumps), stats = setup.solve(backward, stored, a, g, ct_jumps)
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
     a, g, ct_jumps = checked((a, g, ct_jumps), loop, final, [(stats.succeeded, setup.failure)])
@@ -72,7 +69,7 @@ def _stops(
 ) -> tuple:  # fmt: skip
     """The backward solve's `Stops`, and its stops at the jump times (`None`: none)."""
     kinds = output_stops(loop, final, outputs, stored, ct_outputs)
-    if setup.reconstruct_forward:
+    if setup.solve.reads_forward_states:
         kinds = [kind for kind in kinds if kind.jump_a is not None]
     dense = dense_stops(loop, init, final, outputs, ct_outputs)
     jumps = jump_stops(loop, init, final)

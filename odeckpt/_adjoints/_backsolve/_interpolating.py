@@ -8,7 +8,9 @@ import equinox as eqx
 from ..._checks import count, python_int
 from ..._steppers import AbstractStepper
 from ._anchors import Anchoring
+from ._backward import ReadForwardStates
 from ._continuous import ContinuousAdjoint
+from ._setup import AbstractBackwardSolve
 
 
 class InterpolatingAdjoint(ContinuousAdjoint):
@@ -107,8 +109,8 @@ class InterpolatingAdjoint(ContinuousAdjoint):
         slots = self.window if self.checkpoints is None else self.checkpoints
         return Anchoring(int(slots), int(self.window) // 2)
 
-    def reconstructs_forward(self, stepper: AbstractStepper) -> bool:
-        return True
+    def backward_solve(self, stepper: AbstractStepper) -> AbstractBackwardSolve:
+        return ReadForwardStates()
 
     @property
     def re_solves_from_start(self) -> bool:

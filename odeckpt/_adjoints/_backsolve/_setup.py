@@ -1,6 +1,9 @@
-"""What the backward pass of `BacksolveAdjoint` is set up with."""
+"""What the backward pass of the continuous adjoints is set up with: the backward solve (a
+strategy, data), its stepper and controller, and those of the forward re-solves."""
 
+import abc
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 
@@ -11,6 +14,30 @@ from ..._types import Scalar
 from ._anchors import Anchoring
 from ._problem import Problem, Seminorm
 
+if TYPE_CHECKING:
+    from ._backward import Backward, BackwardStats
+
+
+class AbstractBackwardSolve(eqx.Module):
+    """How the adjoint equations are solved from the final time back to `t0`: the backward
+    system integrated (of `Problem`, in the time `s = -tau`) and where the forward state `y(t)`
+    it needs comes from. A continuous adjoint is a `ContinuousAdjoint` that hands its backward
+    solve to `BackwardSetup`; a new one (say, the parameter integral by quadrature over the
+    adjoint's dense output) is one module with one such class."""
+
+    reads_forward_states: eqx.AbstractClassVar[bool]
+    """Whether `y(t)` is read from forward re-solves starting at stored states (which then
+    need not re-anchor anything), rather than integrated backwards with the adjoint."""
+
+    @abc.abstractmethod
+    def __call__(
+        self, backward: "Backward", stored, a, g, ct_jumps
+    ) -> tuple[tuple, "BackwardStats"]:
+        """`((a, g, ct_jumps), stats)`: the adjoint `a` and parameter integral `g` at `t0`
+        from their values at the final time, and the cotangents of the jump times added to
+        `ct_jumps` (`None` without jump times), given the states the forward solve `stored`
+        (`None`: none); stopping at every stop of `backward.stops`."""
+
 
 class BackwardSetup(eqx.Module):
     """How the backward solve runs, fixed when the forward solve is traced.
@@ -20,8 +47,7 @@ class BackwardSetup(eqx.Module):
     - `stepper`, `controller`: the backward solve's (Newton tolerances set).
     - `seminorm`: leave the parameter integral out of the error estimate (only with `y`
         integrated backwards).
-    - `reconstruct_forward`: read `y(t)` from forward re-solves instead of integrating it
-        backwards.
+    - `solve`: the backward solve (`AbstractBackwardSolve`).
     - `window`: steps of dense output a forward re-solve keeps.
     - `window_stepper`, `window_controller`: the stepper and controller of the forward
         re-solves.
@@ -43,7 +69,7 @@ class BackwardSetup(eqx.Module):
     forward_anchoring: Anchoring | None
     restart: Anchoring | None
     seminorm: bool = eqx.field(static=True)
-    reconstruct_forward: bool = eqx.field(static=True)
+    solve: AbstractBackwardSolve
     window: int = eqx.field(static=True)
     max_drift: float
     on_backward: Callable[[dict], None] | None = eqx.field(static=True)
