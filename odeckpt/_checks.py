@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array

@@ -79,6 +79,7 @@ def make_loss(size: DemoSize, adjoint: AbstractAdjoint) -> Callable[[jax.Array],
             saveat=ts,
             max_steps=size.max_steps,
         )
+        assert sol.ys is not None  # saved at `ts`
         return jnp.mean(sol.ys**2)
 
     return loss

@@ -43,6 +43,7 @@ class CompiledMemory:
         """The memory of an already compiled function (`jax.jit(f).lower(...).compile()`),
         for when it is also to be run."""
         stats = compiled.memory_analysis()
+        assert stats is not None  # reported by XLA's CPU, GPU and TPU backends
         return cls(
             temp=int(stats.temp_size_in_bytes),
             argument=int(stats.argument_size_in_bytes),

@@ -43,7 +43,8 @@ class RealCoordinates(eqx.Module):
     """
 
     unravel_parts: Callable = eqx.field(static=True)
-    treedef: jax.tree_util.PyTreeDef = eqx.field(static=True)
+    # jax binds `PyTreeDef` as a variable (from jaxlib), which pyright rejects as a type.
+    treedef: jax.tree_util.PyTreeDef = eqx.field(static=True)  # pyright: ignore[reportInvalidTypeForm]
     is_complex: tuple[bool, ...] = eqx.field(static=True)
     sizes: tuple[int, ...] = eqx.field(static=True)
 

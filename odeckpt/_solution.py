@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import wadler_lindig as wl

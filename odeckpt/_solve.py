@@ -165,6 +165,7 @@ def solve(
     # A terminal event or a jump changes the steps: their number is not known before the solve.
     if controller.fixed_steps and known and events is None:
         per_step = saves_per_step(stepper)
+        assert t0_value is not None and t1_value is not None and dt_value is not None  # known
         num_steps = constant_step_count(
             t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps, jumps_value
         )
@@ -282,6 +283,7 @@ def _collect(
         ys = save_times.gather(outputs.ts, None if rate is None else ts, rate)
         blocks.append((ts, ys))
     if saveat.steps:
+        assert outputs.steps is not None  # saved where `saveat.steps`
         step_ts = outputs.steps.t
         blocks.append(
             (jnp.where(jnp.isfinite(step_ts), direction * step_ts, jnp.inf), outputs.steps.values)
@@ -290,6 +292,7 @@ def _collect(
         blocks.append(((direction * state.t)[None], jax.tree.map(lambda y: y[None], state.y)))
     dense = None
     if saveat.dense:
+        assert outputs.dense is not None  # saved where `saveat.dense`
         max_steps = outputs.dense.t.shape[0]
         t_ends = jnp.where(jnp.arange(max_steps) < state.num_accepted, outputs.dense.t, jnp.inf)
         dense = DenseOutput(direction * t0, t_ends, outputs.dense.values, state.num_accepted)

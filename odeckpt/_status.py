@@ -2,6 +2,7 @@
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import wadler_lindig as wl
@@ -18,7 +19,8 @@ class _Outcome:
     def __set_name__(self, owner: type, name: str):
         self.name = name
 
-    def __get__(self, status, owner=None) -> "Status":
+    def __get__(self, status, owner: "type[Status] | None" = None) -> "Status":
+        assert owner is not None  # Python passes the class the outcome is read from
         return owner(np.array(_outcomes(owner).index(self.name), dtype=np.int32))
 
 

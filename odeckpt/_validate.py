@@ -5,6 +5,7 @@ import warnings
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

@@ -6,6 +6,7 @@ differentiated. Every adjoint meets one contract: `run(loop, state, outputs) -> 
 
 import abc
 import dataclasses
+from typing import TypeVar, overload
 
 import equinox as eqx
 import jax
@@ -77,6 +78,21 @@ class AbstractWatch(eqx.Module):
         """This watch after the step from `before` to `after`, which wrote `writes`."""
 
 
+_Watch = TypeVar("_Watch", bound=AbstractWatch)
+
+
+@overload
+def while_loop(
+    loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: None = None
+) -> tuple[LoopState, Outputs, None]: ...
+@overload
+def while_loop(
+    loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: _Watch
+) -> tuple[LoopState, Outputs, _Watch]: ...
+@overload
+def while_loop(
+    loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: _Watch | None
+) -> tuple[LoopState, Outputs, _Watch | None]: ...
 def while_loop(
     loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: AbstractWatch | None = None
 ) -> tuple[LoopState, Outputs, AbstractWatch | None]:

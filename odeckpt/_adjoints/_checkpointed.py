@@ -182,6 +182,7 @@ class RecursiveCheckpointAdjoint(AbstractCheckpointedAdjoint):
             except ValueError as e:
                 raise ValueError(f"RecursiveCheckpointAdjoint: {e}") from None
         elif self.memory_budget is not None:
+            assert not isinstance(self.memory_budget, dict)  # two-level, checked above
             parse_memory(self.memory_budget)
 
     def plan(self, form):

@@ -75,7 +75,7 @@ class AbstractCustomRuleAdjoint(AbstractAdjoint):
         `odeckpt._autodiff.Sweeps`); that of the loop from `loop_cotangent`."""
 
     @abc.abstractmethod
-    def tangent(self, inputs: RuleInputs, saved, t_inputs: RuleInputs):
+    def tangent(self, inputs: RuleInputs, saved, t_inputs: RuleInputs) -> tuple[LoopState, Outputs]:
         """The tangent of `(final state, outputs)` along `t_inputs` (never asked for where
         `forward_error` refuses forward mode)."""
 

@@ -16,14 +16,19 @@ from .._types import BoolScalar, Scalar, Y
 
 def pair(ct: Y, v: Y) -> Scalar:
     """`<ct, v>`: the cotangent pairing (real part, as for JAX's complex cotangents)."""
-    terms = jax.tree.leaves(jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v))
+    terms: list[Scalar] = jax.tree.leaves(
+        jax.tree.map(lambda c, x: jnp.sum(jnp.real(c * x)), ct, v)
+    )
     return sum(terms[1:], terms[0])
 
 
 def terminated(loop: IntegrationLoop, final: LoopState) -> BoolScalar:
     """Whether a terminal event ended the solve (at its crossing, which the end of the span
     does not move)."""
-    return jnp.zeros((), bool) if loop.events is None else final.events.event >= 0
+    if loop.events is None:
+        return jnp.zeros((), bool)
+    assert final.events is not None  # carried wherever the loop has events
+    return final.events.event >= 0
 
 
 class OutputTimes(eqx.Module):
@@ -46,6 +51,8 @@ class OutputTimes(eqx.Module):
         end = jax.tree.map(lambda f: f * dt_end.astype(f.dtype), self.rate_end)
         if self.ts is None:
             return end, None
+        keep = self.keep
+        assert keep is not None  # given with the save times
 
         def row(t, y, dt, keep):
             # Masked before and after the product: neither a non-finite rate nor a non-finite
@@ -55,8 +62,8 @@ class OutputTimes(eqx.Module):
 
         # Unreached rows hold inf: `f` is evaluated at finite stand-ins there.
         ts = jnp.where(jnp.isfinite(self.ts), self.ts, 0)
-        ys = jax.tree.map(lambda y: jnp.where(leading_mask(self.keep, y), y, 0), self.ys)
-        return end, jax.vmap(row)(ts, ys, dts, self.keep)
+        ys = jax.tree.map(lambda y: jnp.where(leading_mask(keep, y), y, 0), self.ys)
+        return end, jax.vmap(row)(ts, ys, dts, keep)
 
     def cotangents(self, t_end, ct_end_t, ct_end_y, ct_rows):
         """The cotangents of the final time `t_end` and of the save times (`None` without

@@ -11,9 +11,10 @@ JAX's public extension API (`jax.extend.core.Primitive`,
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_batching import custom_vmap
@@ -38,7 +39,7 @@ def linear_call(
     """
     residuals, linear = list(residuals), list(linear)
     if out_avals is None:
-        out_avals = jax.eval_shape(fun, residuals, linear)
+        out_avals = cast(list[jax.ShapeDtypeStruct], jax.eval_shape(fun, residuals, linear))
     lin_avals = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in linear]
     return linear_p.bind(
         *residuals, *linear, fun=fun, fun_t=fun_t, n_res=len(residuals),

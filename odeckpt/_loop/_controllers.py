@@ -6,7 +6,7 @@ Times here are internal times `tau = direction * t`, so step sizes are positive.
 import abc
 import dataclasses
 import functools
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import equinox as eqx
 import jax
@@ -18,6 +18,13 @@ from .._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scale
 from .._steppers import AbstractStepper
 from .._types import Args, BoolScalar, Scalar, Tolerance, VectorField, Y
 from ._landing import resolves
+
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
 """The tolerances of a solve that sets none (`solve(rtol=None, atol=None)` and an adaptive
@@ -74,7 +81,7 @@ class AbstractController(eqx.Module):
     ```
     """
 
-    judges_error: eqx.AbstractClassVar[bool]
+    judges_error: AbstractClassVar[bool]
     """Whether `adapt` reads the error estimate, and then returns `finite=False` and rejects the
     step when it is NaN or inf."""
     fixed_steps: ClassVar[bool] = False
@@ -405,7 +412,8 @@ class PIDController(AbstractAdaptiveController):
                     f"Fix: pass e.g. PIDController({name}={_EXAMPLES.get(name, 1e-6)})."
                 )
         for name in ("pcoeff", "icoeff", "dcoeff"):
-            if known[name] is not None and not np.all(np.isfinite(known[name])):
+            value = known[name]
+            if value is not None and not np.all(np.isfinite(value)):
                 raise ValueError(
                     f"PIDController({name}={getattr(self, name)}) must be finite. Fix: pass e.g. "
                     f"PIDController({name}={_EXAMPLES[name]})."

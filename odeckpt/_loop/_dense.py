@@ -29,7 +29,7 @@ def derivative(coeffs: Array, theta: Array) -> Array:
     return polynomial(coeffs[1:] * powers.astype(coeffs.dtype), theta)
 
 
-def piecewise(starts: Array, ends: Array, coeffs: Y, t: Scalar, count: IntScalar) -> Y:
+def piecewise(starts: Array, ends: Array, coeffs: Y, t: Scalar, count: IntScalar | int) -> Y:
     """The piecewise polynomial over `count` consecutive pieces `[starts[i], ends[i]]` (times
     increasing; leaves of `coeffs` shaped `(pieces, degree + 1, ...)`) at time `t`: the first
     piece that ends at or after `t` (the last piece past the end)."""

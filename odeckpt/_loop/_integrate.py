@@ -64,13 +64,17 @@ class IntegrationLoop(eqx.Module):
 
     def cond(self, state: LoopState) -> Array:
         going = (state.t < self.t_end) & (state.status == Status.successful)
-        return going if self.events is None else going & (state.events.event < 0)
+        if self.events is None:
+            return going
+        assert state.events is not None  # carried wherever the loop has events
+        return going & (state.events.event < 0)
 
     def final_status(self, state: LoopState) -> Status:
         """How a run that ended in `state` went: `max_steps_reached` if it stopped before
         `t_end` without failing (or a terminal event), else the state's status."""
         short = (state.status == Status.successful) & (state.t < self.t_end)
         if self.events is not None:
+            assert state.events is not None  # carried wherever the loop has events
             short = short & (state.events.event < 0)
         return Status.where(short, Status.max_steps_reached, state.status)
 
@@ -117,6 +121,7 @@ class IntegrationLoop(eqx.Module):
         reached = Reached(jnp.where(clipped, self._stop(state), t1), step.y1, step.dense)
         crossing = None
         if self.events is not None:
+            assert state.events is not None  # carried wherever the loop has events
             crossing = self.events.locate(
                 t0, t1, state.y, step.y1, step.dense, self.args, state.events,
                 None if recorded is None else recorded.event,
@@ -168,6 +173,7 @@ class IntegrationLoop(eqx.Module):
             restart = landed
         jumping = jnp.zeros((), bool)
         if crossing is not None:
+            assert self.events is not None and start.events is not None  # a crossing of one
             outcome = self.events.outcome(start.events, crossing, accept)
             status = Status.where(outcome.too_many, Status.max_jumps_reached, new.status)
             status = Status.where(outcome.nonfinite, Status.nonfinite_event, status)
@@ -188,6 +194,7 @@ class IntegrationLoop(eqx.Module):
             jumped = self.jump_update(jump, y, self.args)
             y = jax.tree.map(lambda a, b: jnp.where(landed, a, b), jumped, y)
         if crossing is not None:
+            assert self.events is not None  # a crossing of one of them
             jumped = self.events.update(crossing.index, new.t, y, self.args)
             y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
         stepper_state = self.stepper.init(self.f, new.t, y, self.args)

@@ -8,6 +8,7 @@ that the prediction replays the loop's arithmetic exactly. Times are internal ti
 """
 
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def after(xp: ModuleType, t):
     return _moved(xp, t, xp.inf)
 
 
-def _moved(xp: ModuleType, t, towards):
+def _moved(xp: ModuleType, t, towards) -> Any:  # an array of `xp`
     if xp is np:
         return np.nextafter(t, np.asarray(towards, t.dtype))
     import jax  # the NumPy replay imports no JAX
@@ -115,9 +116,9 @@ def saves_in_step(xp: ModuleType, ts, save_index, t1, rows: int):
 
 
 def constant_step_count(
-    t0: float,
-    t1: float,
-    dt0: float,
+    t0: float | np.ndarray,
+    t1: float | np.ndarray,
+    dt0: float | np.ndarray,
     ts: np.ndarray | None,
     per_step: int,
     dtype,

@@ -1,13 +1,13 @@
 """What the integration loop carries from step to step, and the record of each step's decisions."""
 
-from typing import ClassVar
+from typing import ClassVar, overload
 
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from .._status import Status
-from .._types import Scalar, Y
+from .._types import IntScalar, Scalar, Y
 from ._events import EventState
 
 
@@ -21,7 +21,13 @@ class _Counter:
     def __set_name__(self, owner: type, name: str):
         self.name = name
 
-    def __get__(self, state, owner=None):
+    @overload
+    def __get__(self, state: None, owner: type | None = None) -> "_Counter": ...
+    @overload
+    def __get__(self, state: "LoopState", owner: type | None = None) -> IntScalar: ...
+    def __get__(
+        self, state: "LoopState | None", owner: type | None = None
+    ) -> "_Counter | IntScalar":
         if state is None:
             return self
         return state.counts[counters(type(state)).index(self.name)]

@@ -1,12 +1,19 @@
 """The interface between a stepper and the integration loop."""
 
 import abc
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import equinox as eqx
 
 from .._error_norm import TOLERANCE_REFERENCE
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
+
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
 
 class Step(eqx.Module):
@@ -77,25 +84,25 @@ class AbstractStepper(eqx.Module):
     ```
     """
 
-    name: eqx.AbstractClassVar[str]
+    name: AbstractClassVar[str]
     """Lower-case name accepted by `solve(solver=...)`."""
-    order: eqx.AbstractClassVar[int]
+    order: AbstractClassVar[int]
     """Classical order of the propagated solution."""
-    error_order: eqx.AbstractClassVar[int | None]
+    error_order: AbstractClassVar[int | None]
     """Order of the embedded method used for the error estimate; `None` if there is none (only
     constant step sizes are then possible)."""
-    fn_evals_per_step: eqx.AbstractClassVar[int]
+    fn_evals_per_step: AbstractClassVar[int]
     """Evaluations of `f` per attempted step, with the first stage supplied by `state` (for an
     implicit stepper: with one Newton iteration per stage; its `Step.num_fn_evals` gives the
     real count)."""
-    dense_degree: eqx.AbstractClassVar[int]
+    dense_degree: AbstractClassVar[int]
     """Degree of the continuous extension returned in `Step.dense`."""
-    implicit: eqx.AbstractClassVar[bool]
+    implicit: AbstractClassVar[bool]
     """Whether the stages are solved with the Jacobian of `f` (Newton, or a Rosenbrock method's
     linear solves): a method for stiff problems. The continuous adjoints then read the forward
     state from forward re-solves rather than integrating it backwards (unstable on stiff
     problems)."""
-    multistep: eqx.AbstractClassVar[bool]
+    multistep: AbstractClassVar[bool]
     """Whether a step depends on a history of earlier steps carried in the stepper state (then
     the stepper says which part of its state is differentiable: `differentiable_state`)."""
     state_is_derivative: ClassVar[bool] = False

@@ -3,7 +3,7 @@ step size form of Shampine and Reichelt's ode15s (scipy's `BDF`)."""
 
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, overload
 
 import equinox as eqx
 import jax
@@ -82,6 +82,10 @@ class BDFCoefficients:
             object.__setattr__(self, name, value)
 
 
+@overload
+def change_matrix(ratio: jax.Array) -> jax.Array: ...
+@overload
+def change_matrix(ratio: float | np.floating) -> np.ndarray: ...
 def change_matrix(ratio):
     """Shampine and Reichelt's `R`: with `U = R(1)`, `(R(ratio) U)^T` maps the backward
     differences of a history spaced `h` to those of the same interpolant spaced `ratio h`.

@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -16,6 +16,13 @@ from ._base import Step
 from ._implicit import AbstractImplicit, per_step
 from ._implicit_tableau import ESDIRKTableau
 from ._newton import AbstractNewton, FlatField, Jacobian, Stage
+
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
 
 class ImplicitState(eqx.Module):
@@ -78,7 +85,7 @@ class AbstractESDIRK(AbstractImplicit):
     counts the iterations taken (one evaluation of `f` each).
     """
 
-    tableau: eqx.AbstractClassVar[ESDIRKTableau]
+    tableau: AbstractClassVar[ESDIRKTableau]
     newton: eqx.AbstractVar[AbstractNewton]
     jac: eqx.AbstractVar[Callable | None]
     multistep: ClassVar[bool] = False

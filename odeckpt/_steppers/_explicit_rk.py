@@ -1,9 +1,8 @@
 """One generic step for every explicit Runge-Kutta tableau."""
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,8 +12,15 @@ from ._base import AbstractStepper, Step
 from ._fence import fence
 from ._tableau import ButcherTableau
 
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
-def combine(y0: Y | None, h: Scalar, weights: np.ndarray, ks: Sequence[Y]) -> Y:
+
+def combine(y0: Y | None, h: Scalar | float, weights: np.ndarray, ks: Sequence[Y]) -> Y:
     """`y0 + h * sum_j weights[j] * ks[j]` leaf by leaf (no `y0` term if `y0` is None).
 
     Zero weights are skipped at trace time. Coefficients enter as Python floats (weakly typed)
@@ -58,7 +64,7 @@ class AbstractExplicitRK(AbstractStepper):
     (which also feeds the cubic Hermite dense output).
     """
 
-    tableau: eqx.AbstractClassVar[ButcherTableau]
+    tableau: AbstractClassVar[ButcherTableau]
     state_is_derivative: ClassVar[bool] = True
     implicit: ClassVar[bool] = False
     multistep: ClassVar[bool] = False

@@ -3,15 +3,16 @@ configuration checks, and the tolerances they take from the solve."""
 
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
 from .._error_norm import effective_tolerances, real_dtype, scaled_error
-from .._types import Scalar, Tolerance, Y
+from .._types import Scalar, ScalarLike, Tolerance, Y
 from ._base import AbstractStepper
 from ._newton import AbstractNewton, Newton, NewtonKrylov
 from ._rosenbrock import AbstractRosenbrock
@@ -134,7 +135,7 @@ def check_tolerances(stepper: AbstractProposer) -> None:
 
 
 def with_newton_tolerances(
-    stepper: AbstractStepper, rtol: float, atol: float, *, replace: bool = False
+    stepper: AbstractStepper, rtol: ScalarLike, atol: ScalarLike, *, replace: bool = False
 ) -> AbstractStepper:
     """`stepper` with its unset tolerances taken from `rtol` and `atol` (those of the solve): its
     Newton method's and, for an `AbstractProposer`, those of its step-size proposal; any other
@@ -143,7 +144,7 @@ def with_newton_tolerances(
     those it is held to: `AbstractImplicit.held_newton`.)"""
     if not isinstance(stepper, AbstractImplicit):
         return stepper
-    changes = dict(newton=stepper.newton.with_tolerances(rtol, atol, replace))
+    changes: dict[str, Any] = dict(newton=stepper.newton.with_tolerances(rtol, atol, replace))
     if isinstance(stepper, AbstractProposer):
         changes["rtol"] = rtol if replace or stepper.rtol is None else stepper.rtol
         changes["atol"] = atol if replace or stepper.atol is None else stepper.atol

@@ -8,7 +8,7 @@ time between earlier stages (stage 2 starts from `k_1`; the last stage from the 
 solution's weights).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -19,7 +19,7 @@ from ._implicit_tableau import ESDIRKTableau
 from ._newton import AbstractNewton, Newton
 
 
-def _lower(gamma: float, rows: list[list[float]]) -> np.ndarray:
+def _lower(gamma: float, rows: Sequence[Sequence[float | np.ndarray]]) -> np.ndarray:
     """The `(s, s)` ESDIRK matrix with the given rows `2..s` below the diagonal `gamma`."""
     s = len(rows) + 1
     a = np.zeros((s, s))
@@ -29,7 +29,7 @@ def _lower(gamma: float, rows: list[list[float]]) -> np.ndarray:
     return a
 
 
-def _predictor(rows: list[list[float]]) -> np.ndarray:
+def _predictor(rows: Sequence[Sequence[float | np.ndarray]]) -> np.ndarray:
     s = len(rows) + 1
     alpha = np.zeros((s, s))
     for i, row in enumerate(rows, start=1):

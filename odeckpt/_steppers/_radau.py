@@ -325,13 +325,14 @@ def _transformed_solve(prepared: Prepared, tableau: CollocationTableau) -> Calla
     """The increments `dZ` with `(I - h A (x) J) dZ = r`, through the eigenvectors `T` of `A`:
     `dZ = T dW` with `(I - h gamma J) dW_1 = rho_1` and `(I - h conj(lambda) J) (dW_2 + i dW_3)
     = rho_2 + i rho_3`, where `rho = T^{-1} r` (Hairer & Wanner, IV.8, (8.15)-(8.18))."""
-    assert prepared.solve_complex is not None
+    solve_complex = prepared.solve_complex
+    assert solve_complex is not None
     # Made here, not in the loop that calls `solve` (see `Collocation`).
     inverse, transform = no_grad((jnp.asarray(tableau.inverse), jnp.asarray(tableau.transform)))
 
     def solve(r: Array) -> Array:
         rho = inverse.astype(r.dtype) @ r.reshape(3, -1)
-        pair = prepared.solve_complex(jax.lax.complex(rho[1], rho[2]))
+        pair = solve_complex(jax.lax.complex(rho[1], rho[2]))
         dw = jnp.stack([prepared.solve(rho[0]), jnp.real(pair), jnp.imag(pair)]).astype(r.dtype)
         return (transform.astype(r.dtype) @ dw).reshape(-1)
 

@@ -4,6 +4,7 @@ Wanner's transformed form (Radau IIA)."""
 import dataclasses
 
 import numpy as np
+import numpy.typing as npt
 
 from ._tableau import COEFFICIENT_TOLERANCE, frozen
 
@@ -70,6 +71,9 @@ class CollocationTableau:
                 raise ValueError(
                     f"Not a collocation method: sum_j a_ij c_j^{q - 1} != c_i^{q}/{q}."
                 )
+        # numpy's stubs give `.real` and `.imag` only to arrays of an inexact dtype.
+        values: npt.NDArray[np.inexact]
+        vectors: npt.NDArray[np.inexact]
         values, vectors = np.linalg.eig(a)
         real = np.flatnonzero(np.abs(values.imag) < COEFFICIENT_TOLERANCE)
         pair = np.flatnonzero(values.imag > COEFFICIENT_TOLERANCE)

@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import equinox as eqx
 import jax
@@ -16,6 +16,13 @@ from ._base import AbstractStepper, Step
 from ._explicit_rk import combine, stage_time
 from ._newton import FlatField, Jacobian, lu_solver, no_grad
 from ._tableau import frozen
+
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
+if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+else:
+    from equinox import AbstractClassVar
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,7 +103,7 @@ class AbstractRosenbrock(AbstractStepper):
     The state carried between steps is `f(t1, y1)`, the next step's first stage.
     """
 
-    tableau: eqx.AbstractClassVar[RosenbrockTableau]
+    tableau: AbstractClassVar[RosenbrockTableau]
     jac: eqx.AbstractVar[Callable | None]
     state_is_derivative: ClassVar[bool] = True
     implicit: ClassVar[bool] = True

@@ -1,5 +1,9 @@
 """Steppers built on another stepper."""
 
+# The class variables of `AbstractStepper` are read from the wrapped stepper here, through
+# properties (which equinox accepts), not assigned: pyright sees a property assigned to a `str`.
+# pyright: reportAssignmentType=false
+
 import equinox as eqx
 
 from ._base import AbstractStepper

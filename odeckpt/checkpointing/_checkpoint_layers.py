@@ -16,6 +16,8 @@ def _stateful(layer) -> bool:
     return isinstance(layer, eqx.nn.StatefulLayer) and layer.is_stateful()
 
 
+# pyright reads equinox's `StatefulLayer.__call__: AbstractClassVar[...]` as a field (pyright#4965),
+# a missing argument of every construction of the two layers below: those lines ignore it.
 class Checkpointed(eqx.nn.StatefulLayer):
     """`layer`, recomputed in the backward pass (`jax.checkpoint` with `policy`).
 
@@ -65,7 +67,7 @@ class CheckpointedSequential(eqx.nn.StatefulLayer):
             out = _scan_units(units, x, keys, state, self.policy)
             if out is not None:
                 return out
-        remat = [Checkpointed(layer, self.policy) for layer in layers]
+        remat = [Checkpointed(layer, self.policy) for layer in layers]  # pyright: ignore[reportCallIssue]
         return apply_unit(remat, x, keys, state, _stateful)
 
     def __getitem__(self, i: int) -> Callable:
@@ -90,7 +92,10 @@ def _scan_units(units: list, x, keys, state, policy):
     if not keeps_carry(step, params[0], x, _tree.index(xs, 0)):
         return None
     x, leaves = indexed_scan(step, params, x, xs, policy)
-    return x, None if state is None else gathered.write_back(state, leaves)
+    if state is None:
+        return x, None
+    assert gathered is not None  # gathered from `state`
+    return x, gathered.write_back(state, leaves)
 
 
 def _is_sequence(node) -> bool:
@@ -103,11 +108,11 @@ def _is_sequence(node) -> bool:
 
 def _checkpointed(node, policy):
     if isinstance(node, eqx.nn.Sequential):
-        return CheckpointedSequential(node.layers, policy)
+        return CheckpointedSequential(node.layers, policy)  # pyright: ignore[reportCallIssue]
     if isinstance(node, list | tuple) and _is_sequence(node):
-        return type(node)(Checkpointed(layer, policy) for layer in node)
+        return type(node)(Checkpointed(layer, policy) for layer in node)  # pyright: ignore[reportCallIssue]
     if isinstance(node, eqx.Module) and callable(node):
-        return Checkpointed(node, policy)
+        return Checkpointed(node, policy)  # pyright: ignore[reportCallIssue]
     raise TypeError(
         f"checkpoint_layers: `where` selected a {type(node).__name__}, which is not a layer; "
         "select callable modules (blocks, eqx.nn.Sequential) or lists of them, e.g. "

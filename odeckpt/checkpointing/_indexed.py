@@ -21,7 +21,7 @@ class _Operands(NamedTuple):
     cotangents, and (as bools) which of them are wanted."""
 
     consts: Any
-    params: tuple
+    params: Any
     init: Any
     xs: Any
 

@@ -137,4 +137,7 @@ def checkpointed_layers(
     body = lambda x, inputs: step(inputs[0], x, inputs[1])
     xs = (params, (keys, None if gathered is None else gathered.leaves))
     x, leaves = checkpointed_scan(body, x, xs, checkpoints=checkpoints, memory_budget=memory_budget)
-    return x if state is None else (x, gathered.write_back(state, leaves))
+    if state is None:
+        return x
+    assert gathered is not None  # gathered from `state`
+    return x, gathered.write_back(state, leaves)

@@ -206,13 +206,15 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
 
     def body(carry: _Forward) -> _Forward:
         if save:
+            assert schedule is not None  # `save` is that
+            advance = schedule.advance
             # position i - 1 is decided one step later, at iteration i (see `Schedule`)
             i, slot = carry.i, carry.stores.slot
             hit = carry.stores.position == i - 1
             carry = carry._replace(
                 snaps=_store(carry.snaps, hit, slot, loop.packed(params, carry.prev)),
                 positions=jnp.where(hit, carry.positions.at[slot].set(i - 1), carry.positions),
-                stores=lax.cond(hit, lambda s: schedule.advance(s, OPS), lambda s: s, carry.stores),
+                stores=lax.cond(hit, lambda s: advance(s, OPS), lambda s: s, carry.stores),
             )  # fmt: skip
         return step_forward(loop, params, xs, carry)
 
@@ -307,6 +309,7 @@ def reverse_body(
 
     def advance(end, inner: _Advance) -> _Advance:
         """Step `cur` of the inner loop: store the state in hand if the split says so."""
+        assert table is not None  # run only with a table (see `body`)
         top = inner.stack[inner.k - 1]
         free = c - inner.k + 1
         push = (free >= 2) & (inner.cur == top + table.split(end - top, free))

@@ -1,12 +1,18 @@
 """What a plan's reverse sweep recomputes, for a step count known only at run time (a while
 loop's): what `schedules.simulate` and `schedules.simulate_offload` count, in the graph."""
 
+from typing import TYPE_CHECKING, cast
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ._loop import OPS
 from .schedules import BinomialTable, Plan, Schedule, binomial, offload_recomputations
+
+if TYPE_CHECKING:
+    from .schedules._offline import OfflineSchedule
+    from .schedules._online import OnlineSchedule
 
 _INT = jnp.int32
 _CAP = 2**30
@@ -46,9 +52,11 @@ def recomputed_steps(plan: Plan, num_steps) -> jax.Array:
         raise TypeError(f"recomputed_steps takes a Plan (while_loop_plan, scan_plan); got {plan!r}")
     n = jnp.asarray(num_steps, _INT)
     if plan.offload is not None:
+        assert plan.schedule is not None and plan.segment is not None  # set with `offload`
         return _offload_recomputations(plan.schedule, plan.segment, n)
     if plan.regime != "binomial":  # every step's residuals or state are stored
         return jnp.zeros((), _INT)
+    assert plan.schedule is not None  # set in the binomial regime
     return _schedule_recomputations(plan.schedule, n)
 
 
@@ -65,10 +73,11 @@ def _schedule_recomputations(schedule: Schedule, n: jax.Array) -> jax.Array:
     n = jnp.asarray(n, _INT)
     table = BinomialTable(jnp.asarray(schedule.binomials, _INT), OPS)
     if not schedule.online:
-        stored = jnp.asarray(schedule.stored, _INT)
+        stored = jnp.asarray(cast("OfflineSchedule", schedule).stored, _INT)
         held = jnp.full((c,), -1, _INT).at[: stored.shape[0]].set(stored)
         return _placement_cost(jnp.where(held <= n - 2, held, -1).at[0].set(0), n, table)
     optimal = (table.optimal_cost(n, c) - jnp.maximum(n - 1, 0)).astype(_INT)
+    schedule = cast("OnlineSchedule", schedule)
     if not schedule.later_phases:
         return optimal
     # the phase of the last store before the stop: the one starting at the last

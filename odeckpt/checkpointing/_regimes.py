@@ -78,7 +78,10 @@ def _snapshots(loop: EngineLoop, plan: Plan) -> Sweeps:
     """The states and binomial regimes: the schedule's snapshots, replayed backwards."""
     schedule, c = plan.schedule, plan.checkpoints
     # In the states regime every state is stored: nothing to split or advance.
-    binomials = schedule.binomials if plan.regime == "binomial" else None
+    binomials = None
+    if plan.regime == "binomial":
+        assert schedule is not None  # planned in the binomial regime
+        binomials = schedule.binomials
     return Sweeps(
         lambda inputs: _loop.forward(loop, inputs, schedule),
         lambda inputs, saved, ct_out, want: _loop.reverse(
@@ -90,6 +93,7 @@ def _snapshots(loop: EngineLoop, plan: Plan) -> Sweeps:
 def _offloaded(loop: EngineLoop, plan: Plan) -> Sweeps:
     """Snapshots every `plan.segment` steps in host memory, Revolve on the device between."""
     segment, c = plan.segment, plan.checkpoints
+    assert segment is not None and plan.schedule is not None  # planned with `offload`
     # Each segment is reversed from its start, the only state stored in it (whatever the
     # regime): only one-step segments have nothing to advance.
     binomials = plan.schedule.binomials if segment > 1 else None

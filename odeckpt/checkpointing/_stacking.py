@@ -81,8 +81,9 @@ class StackedState(eqx.Module):
     """
 
     leaves: list
-    step: jtu.PyTreeDef = eqx.field(static=True)
-    targets: tuple[jtu.PyTreeDef, ...] = eqx.field(static=True)
+    # jax binds `PyTreeDef` as a variable (from jaxlib), which pyright rejects as a type.
+    step: jtu.PyTreeDef = eqx.field(static=True)  # pyright: ignore[reportInvalidTypeForm]
+    targets: tuple[jtu.PyTreeDef, ...] = eqx.field(static=True)  # pyright: ignore[reportInvalidTypeForm]
     stacked_targets: bool = eqx.field(static=True)
 
     def write_back(self, state: eqx.nn.State, leaves: list) -> eqx.nn.State:

@@ -121,7 +121,9 @@ def _buffer_length(outputs) -> int:
             "outputs must be a pytree of arrays sharing one leading axis (the buffer length m); "
             f"got leading axes {sorted(map(str, lengths))}"
         )
-    return int(lengths.pop())
+    length = lengths.pop()
+    assert length is not None  # refused above
+    return int(length)
 
 
 class LoopParams(NamedTuple):
@@ -194,6 +196,7 @@ def _masked_step(cond, body, replay, outputs, record_decisions: bool):
         if outputs is None:
             new, idx, values = out, jnp.zeros((1,), jnp.int32), None
         else:
+            assert lengths is not None  # measured where there are outputs
             new, writes = out
             idx, values = zip(*writes, strict=True) if grouped else ([writes[0]], [writes[1]])
             idx = tuple(

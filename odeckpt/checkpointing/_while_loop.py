@@ -247,6 +247,7 @@ def bounded_while_loop(
     if plan is None:
         # Checks the budget now; a plan that may store the step's residuals is only made (it
         # traces the step's VJP to size them) if the loop is differentiated.
+        assert max_steps is not None  # checked above
         unsized = budget.plan(max_steps, snapshot_bytes)
     else:
         check_plan(plan, "bounded_while_loop", "while_loop_plan", snapshot_bytes,
@@ -263,7 +264,7 @@ def bounded_while_loop(
         make_plan = lambda: plan
     elif budget.sizes_residuals:
         make_plan = lambda: _sized_plan(loop, params, init_val, snapshot_bytes, budget)
-    else:
-        make_plan = lambda: unsized
+    else:  # `plan is None`: `unsized` is bound (pyright does not follow the two conditions)
+        make_plan = lambda: unsized  # pyright: ignore[reportPossiblyUnboundVariable]
     val, buffers = run(loop, make_plan, LoopInputs(params, init_val, None, outputs))
     return val if outputs is None else (val, buffers)

@@ -18,7 +18,7 @@ class Anchoring(eqx.Module):
     slots: int = eqx.field(static=True)
     every: int | None = eqx.field(static=True)
 
-    def watch(self, state: LoopState, t_end) -> AbstractWatch:
+    def watch(self, state: LoopState, t_end) -> "TimeAnchors | StepAnchors":
         """The watch that stores the states as the forward loop runs from `state`."""
         if self.every is None:
             return TimeAnchors.make(self.slots, state, t_end)

@@ -1,6 +1,6 @@
-"""The backward solve of `BacksolveAdjoint`, from the final time back to `t0`, stopping at every
-stop (`_stops`): with `y` integrated backwards beside the adjoint, or read from forward
-re-solves."""
+"""The backward solves of the continuous adjoints, from the final time back to `t0`, stopping at
+every stop (`_stops`): with `y` integrated backwards beside the adjoint
+(`IntegrateStateBackwards`), or read from forward re-solves (`ReadForwardStates`)."""
 
 import dataclasses
 from typing import NamedTuple
@@ -193,6 +193,7 @@ def solve_again_from_start(backward: Backward) -> tuple[StoredStates, BackwardSt
     storing states as `setup.restart` says (for the windows to start from), and the stats of
     that one re-solve (failed if it does not reach the final time)."""
     setup, init, final = backward.setup, backward.init, backward.final
+    assert setup.restart is not None  # called only with a restart
     window_loop = setup.window_loop(backward.loop, backward.problem, backward.diff, final.t)
     loop = dataclasses.replace(window_loop, saveat=SaveAt(t1=True))
     start, _ = loop.init_state(init.t, init.y, None)

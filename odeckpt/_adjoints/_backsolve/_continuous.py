@@ -4,7 +4,7 @@ settings' checks, their rule's sweeps, and how their backward solve is set up.""
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -15,6 +15,7 @@ from ..._checks import count, known_values, tightest
 from ..._loop import AbstractAdaptiveController, AbstractController, IntegrationLoop, PIDController
 from ..._saveat import SaveAt
 from ..._steppers import AbstractStepper, map_jac, with_newton_tolerances
+from ..._types import ScalarLike
 from .._base import GradientStats
 from .._custom_rule import AbstractCustomRuleAdjoint
 from ._anchors import Anchoring
@@ -156,13 +157,15 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
                     "estimate for the adaptive backward solve. Fix: pass "
                     f"`{name}(solver=odeckpt.Tsit5())` or another adaptive stepper."
                 )
+            # `_controller` made the backward tolerances single numbers.
+            rtol, atol = cast(ScalarLike, controller.rtol), cast(ScalarLike, controller.atol)
             # The forward stepper, run backwards or in re-solves at the backward tolerances, is
             # held to them (Newton's increments, a proposer's steps), not to the forward solve's.
-            held = with_newton_tolerances(held, controller.rtol, controller.atol, replace=True)
+            held = with_newton_tolerances(held, rtol, atol, replace=True)
             # A stepper of its own is measured at the backward tolerances, not at its
             # standalone defaults (unless it sets its own).
             stepper = held if self.solver is None else with_newton_tolerances(
-                self.solver, controller.rtol, controller.atol)  # fmt: skip
+                self.solver, rtol, atol)  # fmt: skip
         failure = (
             f"{name}: the backward (adjoint) solve failed (max_steps reached, step size "
             "underflow, a non-finite adjoint, the reconstructed state drifted from the "

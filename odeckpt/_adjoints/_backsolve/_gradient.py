@@ -16,7 +16,7 @@ from .._derivatives import OutputTimes, crossing_cotangents, pair, terminated
 from ._backward import Backward, BackwardStats
 from ._problem import Problem
 from ._setup import BackwardSetup
-from ._stops import Stops, dense_stops, jump_stops, output_stops
+from ._stops import JumpStops, Stops, dense_stops, jump_stops, output_stops
 
 
 def forward(inputs: RuleInputs):
@@ -50,7 +50,7 @@ def reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
     field = lambda t, y: problem.f(t, y, diff)
     times = OutputTimes(rate, terminated(loop, final), field, loop.ts, outputs.ts, keep)
     ct_t_end, ct_ts = times.cotangents(loop.t_end, ct_final.t, ct_final.y, ct_outputs.ts)
-    ct_jumps = None if jumps is None else jnp.zeros_like(loop.jump_ts)
+    ct_jumps = None if jumps is None else jnp.zeros_like(jumps.jump_ts)
     (a, g, ct_jumps), stats = setup.solve(backward, stored, a, g, ct_jumps)
     if setup.on_backward is not None:
         _report(setup.on_backward, stats)
@@ -66,7 +66,7 @@ def reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
 def _stops(
     loop: IntegrationLoop, init: LoopState, final: LoopState, outputs: Outputs, stored,
     ct_outputs: Outputs, setup: BackwardSetup,
-) -> tuple:  # fmt: skip
+) -> tuple[Stops, JumpStops | None]:  # fmt: skip
     """The backward solve's `Stops`, and its stops at the jump times (`None`: none)."""
     kinds = output_stops(loop, final, outputs, stored, ct_outputs)
     if setup.solve.reads_forward_states:
@@ -86,13 +86,15 @@ def _at_end(loop: IntegrationLoop, problem: Problem, diff, final: LoopState, rat
     which moves with `y(t*)` and the parameters (`crossing_tangent`), the transposes of those
     moves, through which the loss sees `t*` (Chen, Amos & Nickel, ICLR 2021)."""
     g = jax.tree.map(jnp.zeros_like, diff)
-    if loop.events is None:
+    events = loop.events
+    if events is None:
         return ct_final.y, g
+    assert final.events is not None  # carried wherever the loop has events
     index = jnp.maximum(final.events.event, 0)
 
     def value(t, y, d):
         _, args = eqx.combine(d, problem.nondiff)
-        return loop.events.values(t, y, args)[index]
+        return events.values(t, y, args)[index]
 
     at_event = crossing_cotangents(value, final.t, final.y, diff, rate, ct_final.t, ct_final.y)
     fired = terminated(loop, final)

@@ -14,8 +14,14 @@ from ..._types import Scalar
 from ._anchors import Anchoring
 from ._problem import Problem, Seminorm
 
+# equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
+# a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
 if TYPE_CHECKING:
+    from typing import ClassVar as AbstractClassVar
+
     from ._backward import Backward, BackwardStats
+else:
+    from equinox import AbstractClassVar
 
 
 class AbstractBackwardSolve(eqx.Module):
@@ -25,7 +31,7 @@ class AbstractBackwardSolve(eqx.Module):
     solve to `BackwardSetup`; a new one (say, the parameter integral by quadrature over the
     adjoint's dense output) is one module with one such class."""
 
-    reads_forward_states: eqx.AbstractClassVar[bool]
+    reads_forward_states: AbstractClassVar[bool]
     """Whether `y(t)` is read from forward re-solves starting at stored states (which then
     need not re-anchor anything), rather than integrated backwards with the adjoint."""
 

@@ -1,4 +1,4 @@
-"""Where the backward solve of `BacksolveAdjoint` stops, in decreasing time: at saved outputs
+"""Where the backward solve of the continuous adjoints stops, in decreasing time: at saved outputs
 (their cotangents jump into the adjoint `a`), at stored forward states (which re-anchor `y`), at
 dense-output step starts (their cotangents pulled back to `a` and the parameter integral `g`),
 before the known discontinuities of `f` (where the cotangents of their times are taken), and
@@ -70,6 +70,7 @@ def output_stops(
         valid = jax.vmap(all_finite)(outputs.ts) & _nonzero(ct.ts)
         stops.append(PointStops(loop.ts, valid, ct.ts, outputs.ts))
     if outputs.steps is not None:
+        assert ct.steps is not None  # cotangents are shaped like the outputs
         steps = outputs.steps
         valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.steps.values)
         stops.append(PointStops(steps.t, valid, ct.steps.values, steps.values))
@@ -84,6 +85,7 @@ def dense_stops(
     """The stops at the dense output's step starts (where its cotangents are not all zero)."""
     if outputs.dense is None:
         return None
+    assert ct.dense is not None  # cotangents are shaped like the outputs
     t_ends, coeffs = outputs.dense.t, outputs.dense.values
     starts = jnp.concatenate([init.t[None], t_ends[:-1]])
     valid = (jnp.arange(loop.max_steps) < final.num_accepted) & _nonzero(ct.dense.values)

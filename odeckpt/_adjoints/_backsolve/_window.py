@@ -61,6 +61,7 @@ class _Ring(AbstractWatch):
 
     def update(self, before: LoopState, after: LoopState, writes: Writes) -> "_Ring":
         rows = self.window.starts.shape[0]
+        assert writes.dense is not None  # the window's loop writes dense output
         index = writes.dense.index  # the accepted step's number, or out of range
         ring = jnp.where(index < self.max_steps, index % rows, rows)
         put = lambda buffer, row: buffer.at[ring].set(row, mode="drop")

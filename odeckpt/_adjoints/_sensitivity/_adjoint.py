@@ -181,6 +181,7 @@ def _written(inputs: RuleInputs, outputs) -> jax.Array:
     """Which save-time rows the loop writes (times after `t0`, reached); the others keep the
     values (and tangents) they had on input."""
     loop, init = inputs.loop, inputs.init
+    assert loop.ts is not None  # asked only with save times
     m = loop.ts.shape[0]
     reached = jax.vmap(lambda y: jnp.all(jnp.isfinite(y)))(
         jax.tree.leaves(outputs.ts)[0].reshape(m, -1)
@@ -203,8 +204,10 @@ def _tangent(inputs: RuleInputs, saved, t_inputs: RuleInputs):
     t_final = dataclasses.replace(t_final, y=dy, t=t_end.astype(final.t.dtype))
     t_outputs = _zeros_like_out(outputs)
     if rows is not None:
+        keep = times.keep
+        assert keep is not None  # given with the save times
         values = jax.tree.map(
-            lambda s, e, given: jnp.where(leading_mask(times.keep, e), s[:, 0] + e, given),
+            lambda s, e, given: jnp.where(leading_mask(keep, e), s[:, 0] + e, given),
             sens.rows, rows, t_inputs.outputs.ts,
         )  # fmt: skip
         t_outputs = dataclasses.replace(t_outputs, ts=values)
@@ -245,7 +248,9 @@ def _reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
         ct_init = dataclasses.replace(ct_init, y=ct_theta.y0, t=ct_theta.t0)
     ct_outputs_in = None
     if loop.ts is not None and want.outputs:
-        written = lambda c: leading_mask(times.keep, c)
+        keep = times.keep
+        assert keep is not None  # given with the save times
+        written = lambda c: leading_mask(keep, c)
         kept = jax.tree.map(lambda c: jnp.where(written(c), 0, c), ct_outputs.ts)
         ct_outputs_in = dataclasses.replace(empty(outputs_in), ts=kept)
     return RuleInputs.of(ct_loop, ct_init, ct_outputs_in)
@@ -254,6 +259,7 @@ def _reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
 def _contracted(sens, ct_final, ct_outputs, written) -> jax.Array:
     """The cotangents of the integrated inputs' real coordinates: each direction's
     sensitivities (leading axis) paired with the outputs' cotangents."""
+    ct_rows = rows = None
     if sens.rows is not None:
         # Rows the loop does not write (the repeats of a save time) hold inf: 0 * inf is NaN.
         ct_rows = jax.tree.map(lambda c: jnp.where(leading_mask(written, c), c, 0), ct_outputs.ts)

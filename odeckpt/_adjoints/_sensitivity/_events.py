@@ -58,7 +58,8 @@ def sensitivity_events(events: EventSet, f: VectorField) -> EventSet:
 
     def wrapped(event: Event) -> Event:
         fn = lambda t, y, args: event.fn(t, y.y, args.args)
-        if event.update is None:
+        event_update = event.update
+        if event_update is None:
             return dataclasses.replace(event, fn=fn)
 
         def update(t, y: Augmented, args: SensitivityArgs) -> Augmented:
@@ -68,7 +69,7 @@ def sensitivity_events(events: EventSet, f: VectorField) -> EventSet:
             diff, static = differentiable_part(f, args.args)
 
             def jump(tau, y, diff):
-                return event.update(direction * tau, y, eqx.combine(diff, static)[1])
+                return event_update(direction * tau, y, eqx.combine(diff, static)[1])
 
             y_after = jump(tau, y.y, diff)
             rate_after = f(tau, y_after, args.args)
@@ -95,6 +96,7 @@ def sensitivity_jumps(f: VectorField, jump_ts: jax.Array) -> Callable:
 
     def update(tau, y: Augmented, args: SensitivityArgs) -> Augmented:
         # Equal jump times are one discontinuity, landed on once: it moves with the first.
+        assert args.jump_directions is not None  # given with the jump times
         dtau = args.jump_directions[:, jnp.searchsorted(jump_ts, tau, side="left")]
         change = jax.tree.map(
             jnp.subtract, f(before(jnp, tau), y.y, args.args), f(after(jnp, tau), y.y, args.args)

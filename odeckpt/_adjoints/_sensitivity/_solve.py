@@ -56,7 +56,7 @@ class Integrated(eqx.Module):
     y0: object
     diff: object
     t0: object
-    jump_ts: object = None
+    jump_ts: jax.Array | None = None
 
 
 class Sensitivities(eqx.Module):
@@ -152,9 +152,11 @@ def sensitivity_loop(
 def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
     """The (scaled) sensitivities at the end of the solve and the tangents of its final time:
     where a terminal event ended it, those of the crossing, which moves with the parameters."""
+    events = loop.events
+    assert events is not None and final.events is not None  # asked only with events
     fired = final.events.event >= 0
     index = jnp.maximum(final.events.event, 0)
-    g = lambda tau, y, args: loop.events.values(tau, y, args)[index]
+    g = lambda tau, y, args: events.values(tau, y, args)[index]
     args = SensitivityArgs(loop.args, directions)
     at = crossing_tangents(g, loop.f, final.t, final.y.y, args, final.y.s)
     pick = lambda a, b: jnp.where(fired, a, b)
@@ -167,6 +169,7 @@ def sensitivity_checks(loop: IntegrationLoop, primal: LoopState, sens: Sensitivi
     fail because of other events, at `max_jumps`), and that it succeeded."""
     same_events = jnp.array(True)
     if sens.events is not None:
+        assert primal.events is not None  # the sensitivities meet the state's events
         same_events = (sens.events.event == primal.events.event) & jnp.all(
             sens.events.num_jumps == primal.events.num_jumps
         )

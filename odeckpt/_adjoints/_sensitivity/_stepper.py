@@ -10,6 +10,7 @@ the embedded estimate of the sensitivities.
 """
 
 import functools
+from typing import cast
 
 import equinox as eqx
 import jax
@@ -184,7 +185,7 @@ class MaxNormController(AbstractController):
             squares = jnp.abs(error / weight) ** 2
             return jnp.mean(squares.reshape(squares.shape[:axis] + (-1,)), axis=-1)
 
-        def group(error, a, b, axis):
+        def group(error, a, b, axis) -> jax.Array:
             # An empty leaf has no components: no mean (0/0), and no weight in the group's.
             leaves = [
                 (mean_squares(e, x, z, axis), e[(0,) * axis].size)
@@ -192,7 +193,8 @@ class MaxNormController(AbstractController):
                 if e[(0,) * axis].size
             ]
             size = sum(n for _, n in leaves)
-            return sum(m * n for m, n in leaves) / max(size, 1)
+            # The terms are arrays (`sum` starts at the int 0).
+            return cast(jax.Array, sum(m * n for m, n in leaves) / max(size, 1))
 
         state_ms = group(y_error.y, y0.y, y1.y, 0)
         sens_ms = group(y_error.s, y0.s, y1.s, 1)

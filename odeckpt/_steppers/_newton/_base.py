@@ -29,7 +29,7 @@ from jaxtyping import Array
 
 from ..._checks import known_values
 from ..._real_coordinates import RealCoordinates
-from ..._types import Args, BoolScalar, IntScalar, Scalar, Y
+from ..._types import Args, BoolScalar, IntScalar, Scalar, ScalarLike, Y
 from ._system import AbstractSystem, FlatField, Jacobian, no_grad
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
@@ -153,7 +153,9 @@ class AbstractNewton(eqx.Module):
         keeps none)."""
         return cache
 
-    def with_tolerances(self, rtol: float, atol: float, replace: bool = False) -> "AbstractNewton":
+    def with_tolerances(
+        self, rtol: ScalarLike, atol: ScalarLike, replace: bool = False
+    ) -> "AbstractNewton":
         """This method with unset tolerances (with `replace`, all) taken from `rtol` and
         `atol`."""
         return dataclasses.replace(

@@ -239,6 +239,7 @@ def plan(
     if checkpoints is not None:
         checkpoints = _check_checkpoints(checkpoints, "checkpoints")
         return _snapshots(steps, min(checkpoints, steps), snapshot_bytes, residual_bytes, online)
+    assert not isinstance(memory_budget, dict)  # refused above
     explicit = memory_budget is not None
     budget = parse_memory(memory_budget) if explicit else DEFAULT_MEMORY_BUDGET
     if online and not explicit:

@@ -4,7 +4,7 @@ and the slot its state goes to, run from a state of a few integers per slot."""
 import abc
 import dataclasses
 import functools
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -66,11 +66,11 @@ class Schedule(abc.ABC):
             )
 
     @abc.abstractmethod
-    def start(self, ops: Ops = NUMPY):
+    def start(self, ops: Ops = NUMPY) -> Any:
         """The generator's state at the first store."""
 
     @abc.abstractmethod
-    def advance(self, state, ops: Ops = NUMPY):
+    def advance(self, state, ops: Ops = NUMPY) -> Any:
         """The generator's state at the store after `state`'s."""
 
     @functools.cached_property
