@@ -220,3 +220,54 @@ def test_a_stepper_must_say_whether_it_is_implicit():
 
     with pytest.raises(TypeError, match="implicit"):
         Undeclared()
+
+
+def test_a_step_size_that_is_not_positive_ends_the_solve():
+    class Backwards(Integral):
+        def judge(self, t0, t1, dt, error, stepper, state, *, clipped, accept=None,
+                  dt_factor=None):  # fmt: skip
+            d = Integral.judge(self, t0, t1, dt, error, stepper, state, clipped=clipped,
+                               accept=accept, dt_factor=dt_factor)  # fmt: skip
+            return odeckpt.Decision(d.accept, -d.next_dt, d.state, d.underflow, d.finite)
+
+    sol = odeckpt.solve(decay, Y0, (0.0, T1), K, controller=Backwards(), throw=False,
+                        saveat=odeckpt.SaveAt(steps=True))  # fmt: skip
+    assert sol.status == odeckpt.Status.dt_underflow
+    assert bool(jnp.all(sol.ts[jnp.isfinite(sol.ts)] >= 0))
+
+
+def test_a_controller_with_an_init_of_its_own():
+    class Scaled(Integral):
+        def __init__(self, tolerance=None):
+            self.rtol = tolerance
+            self.atol = None if tolerance is None else tolerance * 1e-2
+
+    own = odeckpt.solve(decay, Y0, (0.0, T1), K, controller=Scaled(1e-10))
+    given = odeckpt.solve(decay, Y0, (0.0, T1), K, rtol=1e-10, atol=1e-12, controller=Scaled())
+    assert float(jnp.max(jnp.abs(own.ys[-1] - exact(Y0, K)))) < 1e-9
+    assert int(own.stats.num_steps) == int(given.stats.num_steps)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda d: (d.accept, d.next_dt), "not a Decision"),
+        (lambda d: odeckpt.Decision(d.accept, d.next_dt[None], d.state, d.underflow, d.finite),
+         "next_dt"),
+        (lambda d: odeckpt.Decision(d.accept, d.next_dt, d.state, None, d.finite), "underflow"),
+        (lambda d: odeckpt.Decision(d.accept * 1.0, d.next_dt, d.state, d.underflow, d.finite),
+         "accept"),
+        (lambda d: odeckpt.Decision(d.accept, d.next_dt, jnp.zeros(3), d.underflow, d.finite),
+         "state"),
+    ],
+)  # fmt: skip
+def test_a_decision_that_breaks_the_contract_names_the_field(change, field):
+    class Broken(Integral):
+        def judge(self, t0, t1, dt, error, stepper, state, *, clipped, accept=None,
+                  dt_factor=None):  # fmt: skip
+            d = Integral.judge(self, t0, t1, dt, error, stepper, state, clipped=clipped,
+                               accept=accept, dt_factor=dt_factor)  # fmt: skip
+            return change(d)
+
+    with pytest.raises(TypeError, match=field):
+        odeckpt.solve(decay, Y0, (0.0, T1), K, controller=Broken())

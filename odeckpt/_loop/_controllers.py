@@ -154,7 +154,11 @@ class AbstractAdaptiveController(AbstractController):
     (`judge`).
 
     A subclass declares the fields `rtol` and `atol` (default `None`: the solve's) and
-    implements `judge`, `init`, `reject`, `check` and `valid_settings`.
+    implements `judge`, `init`, `reject`, `check` and `valid_settings`. `judge` must return a
+    positive `next_dt` (a step size that is not positive, or NaN, ends the solve with
+    `Status.dt_underflow`), and should follow `dt_factor` when a stepper proposes it: `BDF`
+    raises its order only after several steps of one size, and stays at order 1 (many more
+    steps, a larger error) under a controller that changes the step size at every step.
 
     **Example:**
 
@@ -198,8 +202,14 @@ class AbstractAdaptiveController(AbstractController):
     judges_error = True
 
     def with_tolerances(self, rtol: Tolerance, atol: Tolerance) -> "AbstractAdaptiveController":
-        """This controller holding the steps to `rtol` and `atol` instead of its own."""
-        return dataclasses.replace(self, rtol=rtol, atol=atol)
+        """This controller holding the steps to `rtol` and `atol` instead of its own (whatever
+        its `__init__` takes)."""
+        try:
+            return dataclasses.replace(self, rtol=rtol, atol=atol)
+        except TypeError:
+            # An `__init__` of its own, taking other arguments: set the two fields directly.
+            fields = lambda controller: (controller.rtol, controller.atol)
+            return eqx.tree_at(fields, self, (rtol, atol), is_leaf=lambda x: x is None)
 
     def valid(self) -> BoolScalar:
         """Whether the tolerances are positive and finite and `valid_settings` holds."""
@@ -564,3 +574,35 @@ def all_positive_finite(tolerance) -> BoolScalar:
 
 def _known_zero(x) -> bool:
     return isinstance(x, int | float) and x == 0
+
+
+def checked_decision(decision, controller: AbstractController, dtype, state: Y) -> Decision:
+    """`decision`, as `controller` returned it, with its flags as boolean arrays; raises at
+    trace time, naming the field and the fix, if it breaks the contract of `Decision` (a user's
+    `judge`, `adapt` or `reject`)."""
+    name = type(controller).__name__
+    fix = (
+        "Fix: return `odeckpt.Decision(accept, next_dt, state, underflow, finite)` with "
+        "booleans, `next_dt` of the times' dtype (`jnp.asarray(next_dt, t0.dtype)`) and the "
+        "controller state as `init` returned it."
+    )
+    if not isinstance(decision, Decision):
+        raise TypeError(f"{name} returned a {type(decision).__name__}, not a Decision. {fix}")
+    flags = {}
+    for field in ("accept", "underflow", "finite"):
+        value = getattr(decision, field)
+        value = None if value is None else jnp.asarray(value)
+        if value is None or value.shape != () or value.dtype != jnp.bool_:
+            shown = "None" if value is None else f"shape {value.shape}, dtype {value.dtype}"
+            raise TypeError(f"{name}'s Decision.{field} ({shown}) must be one boolean. {fix}")
+        flags[field] = value
+    next_dt = decision.next_dt
+    if not (hasattr(next_dt, "shape") and next_dt.shape == () and next_dt.dtype == dtype):
+        shown = f"shape {jnp.shape(next_dt)}, dtype {jnp.result_type(next_dt)}"
+        raise TypeError(f"{name}'s Decision.next_dt ({shown}) must be one {dtype} number. {fix}")
+    shapes = lambda tree: jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
+    if jax.tree.structure(decision.state) != jax.tree.structure(state) or shapes(
+        decision.state
+    ) != shapes(state):
+        raise TypeError(f"{name}'s Decision.state changed from what `init` returned. {fix}")
+    return dataclasses.replace(decision, **flags)

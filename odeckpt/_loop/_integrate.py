@@ -21,7 +21,7 @@ from .._saveat import SaveAt
 from .._status import Status
 from .._steppers import AbstractStepper, Step
 from .._types import Args, IntScalar, Scalar, VectorField, Y
-from ._controllers import AbstractController
+from ._controllers import AbstractController, checked_decision
 from ._dense import derivative, polynomial
 from ._events import Crossing, EventSet, EventState, restrict
 from ._landing import after, before, lands, next_jump, next_stop, saves_in_step, saves_per_step
@@ -101,6 +101,7 @@ class IntegrationLoop(eqx.Module):
             accept=None if recorded is None else recorded.verdict == StepRecord.accepted,
             dt_factor=step.dt_factor,
         )  # fmt: skip
+        decision = checked_decision(decision, self.controller, t0.dtype, state.controller_state)
         if recorded is None:
             finite = decision.finite if folded else decision.finite & all_finite((step.y1, f1))
             verdict = self._verdict(step, decision.accept, finite)
@@ -113,6 +114,7 @@ class IntegrationLoop(eqx.Module):
             # rejected a non-finite step already.)
             incomplete = verdict >= StepRecord.newton_failed
             retry = self.controller.reject(t0, t1, state.dt, state.controller_state)
+            retry = checked_decision(retry, self.controller, t0.dtype, state.controller_state)
             decision = jax.tree.map(lambda a, b: jnp.where(incomplete, a, b), retry, decision)
         accept = decision.accept
         next_dt = decision.next_dt if recorded is None else recorded.next_dt
@@ -136,7 +138,9 @@ class IntegrationLoop(eqx.Module):
             num_lu_factorisations=step.num_lu_factorisations,
             num_fn_evals=self.stepper.fn_evals_per_step if fn_evals is None else fn_evals,
         )  # fmt: skip
-        failed = decision.underflow & ~accept
+        # A step size that is not positive (or NaN) from any controller would step backwards
+        # or stall: the solve ends there, even after an accepted step.
+        failed = (decision.underflow & ~accept) | ~(next_dt > 0)
         new = LoopState(
             t=jnp.where(accept, reached.t, t0),
             y=keep(reached.y, state.y),
