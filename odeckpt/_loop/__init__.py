@@ -9,10 +9,10 @@ from ._controllers import (
     AbstractAdaptiveController as AbstractAdaptiveController,
     AbstractController as AbstractController,
     ConstantStep as ConstantStep,
-    Decision as Decision,
     PIDController as PIDController,
     all_positive_finite as all_positive_finite,
 )
+from ._decision import Decision as Decision
 from ._dense import DenseOutput as DenseOutput, piecewise as piecewise
 from ._events import Event as Event, EventSet as EventSet, EventState as EventState
 from ._integrate import (

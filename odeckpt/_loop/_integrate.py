@@ -21,7 +21,8 @@ from .._saveat import SaveAt
 from .._status import Status
 from .._steppers import AbstractStepper, Step
 from .._types import Args, IntScalar, Scalar, VectorField, Y
-from ._controllers import AbstractController, checked_decision
+from ._controllers import AbstractController
+from ._decision import checked_decision
 from ._dense import derivative, polynomial
 from ._events import Crossing, EventSet, EventState, restrict
 from ._landing import after, before, lands, next_jump, next_stop, saves_in_step, saves_per_step
