@@ -5,6 +5,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import odeckpt
@@ -271,3 +272,25 @@ def test_a_decision_that_breaks_the_contract_names_the_field(change, field):
 
     with pytest.raises(TypeError, match=field):
         odeckpt.solve(decay, Y0, (0.0, T1), K, controller=Broken())
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve", "forward_sensitivity"])
+def test_a_user_controller_fails_loudly_on_a_non_finite_field(adjoint):
+    """A NaN in `f` past t = 1 in one lane of a batch: that lane fails, its gradient is NaN, and
+    the other lane is untouched."""
+
+    def f(t, y, k):
+        return jnp.where((t > 1.0) & (k > 2.0), jnp.nan, -k * y)
+
+    def loss(k):
+        sol = odeckpt.solve(f, Y0, (0.0, T1), k, adjoint=adjoint, controller=Integral(),
+                            throw=False)  # fmt: skip
+        return jnp.sum(sol.ys[-1]), sol.status
+
+    ks = jnp.array([1.3, 2.5])
+    (values, status), grads = jax.vmap(jax.value_and_grad(loss, has_aux=True))(ks)
+    ok = np.asarray(status == odeckpt.Status.successful)
+    assert ok.tolist() == [True, False]
+    assert bool(jnp.isfinite(grads[0])) and bool(jnp.isnan(grads[1]))
+    expected = jax.grad(lambda k: jnp.sum(exact(Y0, k)))(ks[0])
+    assert abs(float(grads[0] - expected)) < 1e-4 * abs(float(expected))
