@@ -1,5 +1,6 @@
 """The front door: `odeckpt.solve`."""
 
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -11,6 +12,7 @@ from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint
 from ._checks import count, tightest
 from ._error_norm import below_resolution
+from ._errors import on_host
 from ._loop import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
@@ -132,27 +134,26 @@ def solve(
     stepper = _stepper(solver)
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)
-    t0, t1 = validate.time_span(t_span, validate.time_dtype(y0))
+    checks = validate.TracedChecks(throw)
+    t0, t1 = validate.time_span(t_span, validate.time_dtype(y0), checks)
     rtol = None if rtol is None else validate.tolerance("rtol", rtol, y0)
     atol = None if atol is None else validate.tolerance("atol", atol, y0)
     max_steps = count("max_steps", max_steps, "e.g. max_steps=4096")
-    dt0 = validate.step_size(dt0, t0, t1)
+    dt0 = validate.step_size(dt0, t0, t1, checks)
     controller = _controller(controller, stepper, dt0, rtol, atol, y0)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)
     for name, held in _held_rtols(controller, stepper, adjoint):
         validate.warn_below_resolution(name, held, y0)
     saveat = _saveat(saveat)
-    validate.check_vector_field(f, t0, y0, args)
-    validate.check_finite(y0)
     events = validate.events(event)
     if events is not None:
-        validate.check_events(events, t0, y0, args)
         adjoint.check_events(events)
-    jumps = validate.jump_times(jump_ts, t0.dtype)
+    validate.check_finite(y0)
+    jumps = validate.jump_times(jump_ts, t0.dtype, checks)
     t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
-    ts = (
-        None if saveat.ts is None else validate.check_save_times(saveat.ts.astype(t0.dtype), t0, t1)
-    )
+    ts = None
+    if saveat.ts is not None:
+        ts = validate.check_save_times(saveat.ts.astype(t0.dtype), t0, t1, checks)
     # A direction known at trace time keeps `f` unwrapped for forward solves.
     direction = (
         None if t0_value is None or t1_value is None else (1.0 if t1_value >= t0_value else -1.0)
@@ -171,9 +172,11 @@ def solve(
         )
     options = _Options(
         stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction,
-        num_steps, _failure_notes(y0), ts is not None and ts_value is None, events,
+        num_steps, _failure_notes(y0), ts is not None and ts_value is None, events, on_host(),
     )  # fmt: skip
-    return _solve(f, y0, t0, t1, ts, args, options, jumps)
+    return validate.with_traced_numbers(
+        args, lambda args: _solve(f, y0, t0, t1, ts, args, options, jumps, checks.failed())
+    )
 
 
 class _Options(eqx.Module):
@@ -195,6 +198,17 @@ class _Options(eqx.Module):
     ts_traced: bool = eqx.field(static=True)
     """Whether the save times are traced (and may be differentiated)."""
     events: tuple[Event, ...] | None = None
+    failures_on_host: bool = eqx.field(static=True, default=False)
+    """Whether failures raise on the host after the call (`odeckpt.jit`), not by callbacks: part
+    of the compiled solve's cache key, as the two programs differ."""
+
+
+def _check_functions(f: VectorField, events, t0, y0: Y, args: Args) -> None:
+    """Raise unless `f` and the events' functions take these arguments and return what they
+    should."""
+    validate.check_vector_field(f, t0, y0, args)
+    if events is not None:
+        validate.check_events(events, t0, y0, args)
 
 
 def _failure_notes(y0: Y) -> tuple[tuple[str, str], ...]:
@@ -212,7 +226,8 @@ def _failure_notes(y0: Y) -> tuple[tuple[str, str], ...]:
 
 
 @eqx.filter_jit
-def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
+def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts, invalid_inputs):
+    _check_functions(f, options.events, t0, y0, args)  # once per compiled program
     stepper, adjoint, controller, saveat = (
         options.stepper,
         options.adjoint,
@@ -241,9 +256,13 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     )
     dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
     init, init_evals = loop.init_state(tau0, y0, dt)
+    if invalid_inputs is not None:
+        init = dataclasses.replace(init, status=_unless_invalid(invalid_inputs, init.status))
     result = adjoint.run(loop, init, loop.init_outputs(init))
     state = result.state
     status = loop.final_status(state)
+    if invalid_inputs is not None:
+        status = _unless_invalid(invalid_inputs, status)
     rate = (lambda t, y: f(t, y, args)) if options.ts_traced else None
     collected = _collect(saveat, direction, t0, y0, ts, save_times, rate, state, result.outputs)
     inputs = (f, y0, t0, t1, ts, args, jump_ts)
@@ -267,6 +286,11 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts=None):
     return Solution(
         ts=ts_out, ys=ys_out, stats=stats, status=status, t0=t0, t1=t1, dense=dense, event=event
     )
+
+
+def _unless_invalid(invalid: jax.Array, status: Status) -> Status:
+    """`status`, or `invalid_inputs` where a traced input failed its check (`throw=False`)."""
+    return Status.where(invalid, Status.invalid_inputs, status)
 
 
 def _collect(

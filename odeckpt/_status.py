@@ -8,6 +8,8 @@ import numpy as np
 import wadler_lindig as wl
 from jaxtyping import Array, ArrayLike, Bool, Int
 
+from ._errors import branched_error_if
+
 
 class _Outcome:
     """One named outcome of `Status`, declared with its message: `Status.<name>` reads it as a
@@ -109,6 +111,12 @@ class Status(eqx.Module):
         "0 < factormin < 1 < factormax, 0 < safety <= 1 and dtmin <= dtmax. Fix: check how "
         "the traced value is computed (NaN, zero or negative)."
     )
+    invalid_inputs = _Outcome(
+        "An input given as a traced value is invalid: t0 or t1 is NaN or inf, dt0 is not "
+        "finite, zero or points away from t1, SaveAt(ts=...) is not sorted in the direction of "
+        "integration within [t0, t1], or jump_ts holds NaN or inf. Fix: check how these values "
+        "are computed (with throw=True the error names the input)."
+    )
 
     @classmethod
     def where(cls, pred: Bool[ArrayLike, "..."], a: "Status", b: "Status") -> "Status":
@@ -161,7 +169,7 @@ class Status(eqx.Module):
             message + note.get(name, "")
             for name, message in zip(_outcomes(type(self)), type(self).messages(), strict=True)
         ]
-        return eqx.branched_error_if(token, pred, self._value, messages)
+        return branched_error_if(token, pred, self._value, messages)
 
     def is_traced(self) -> bool:
         """Whether this status is only known at run time."""

@@ -1,7 +1,9 @@
 """Checks of `solve`'s inputs. Each raises at call (trace) time with the fix in the message;
-checks that need values which are only known at run time go through `eqx.error_if`."""
+checks that need values which are only known at run time go through `TracedChecks`."""
 
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import equinox as eqx
 import jax
@@ -11,8 +13,34 @@ import numpy as np
 
 from ._checks import known_values
 from ._error_norm import per_leaf
+from ._errors import error_if
 from ._loop import Event
 from ._types import Args, Scalar, VectorField, Y
+
+T = TypeVar("T")
+
+
+class TracedChecks:
+    """The checks of traced inputs (known only at run time). With `throw`, each raises through
+    the package's failure mechanism; without, they are gathered into one flag that the solve
+    turns into `Status.invalid_inputs`, so that the program holds no host callback."""
+
+    def __init__(self, throw: bool):
+        self.throw = throw
+        self._failed: list[jax.Array] = []
+
+    def require(self, value, bad, message: str):
+        """`value`, failing with `message` where `bad` holds (always rebind the result)."""
+        if self.throw:
+            return error_if(value, bad, message)
+        self._failed.append(jnp.any(bad))
+        return value
+
+    def failed(self) -> jax.Array | None:
+        """Whether any traced input is invalid (`None` if none was checked at run time)."""
+        if not self._failed:
+            return None
+        return jnp.any(jnp.stack(self._failed))
 
 
 def as_state(y0: Y) -> Y:
@@ -51,7 +79,7 @@ def time_dtype(y0: Y) -> jnp.dtype:
     return jnp.result_type(*[jnp.finfo(leaf.dtype).dtype for leaf in jax.tree.leaves(y0)])
 
 
-def time_span(t_span, dtype) -> tuple[Scalar, Scalar]:
+def time_span(t_span, dtype, checks: TracedChecks) -> tuple[Scalar, Scalar]:
     try:
         t0, t1 = t_span
     except (TypeError, ValueError):
@@ -64,7 +92,7 @@ def time_span(t_span, dtype) -> tuple[Scalar, Scalar]:
             f"t0 and t1 must be scalars, got shapes {t0.shape} and {t1.shape}. Fix: to solve "
             "over many spans, `jax.vmap` over `solve`."
         )
-    return _finite("t0", t0), _finite("t1", t1)
+    return _finite("t0", t0, checks), _finite("t1", t1, checks)
 
 
 def _real_number(name: str, value, dtype, example: str = "1.0") -> jax.Array:
@@ -81,12 +109,21 @@ def _real_number(name: str, value, dtype, example: str = "1.0") -> jax.Array:
     return jnp.asarray(value, dtype)
 
 
-def _finite(name: str, value: jax.Array) -> jax.Array:
+def as_array(value, dtype):
+    """`value` as an array of `dtype`: a NumPy array if it is known on the host (a Python
+    number, a list or a NumPy array: converting it costs no device operation), else a JAX
+    array."""
+    if isinstance(value, int | float | complex | list | tuple | np.ndarray | np.generic):
+        return np.asarray(value, dtype)
+    return jnp.asarray(value, dtype)
+
+
+def _finite(name: str, value: jax.Array, checks: TracedChecks) -> jax.Array:
     """`value`, raising unless it is finite: now if it is known, at run time if traced."""
     message = f"{name} is NaN or inf. Fix: check how {name} is computed."
     known = concrete(value)
     if known is None:
-        return eqx.error_if(value, ~jnp.all(jnp.isfinite(value)), message)
+        return checks.require(value, ~jnp.all(jnp.isfinite(value)), message)
     if not np.all(np.isfinite(known)):
         raise ValueError(f"{message} Got {name}={known}.")
     return value
@@ -100,6 +137,20 @@ def check_finite(y0: Y) -> None:
             raise ValueError(
                 "y0 contains NaN or inf. Fix: check how the initial condition is computed."
             )
+
+
+def with_traced_numbers(args: Args, call: Callable[[Args], T]) -> T:
+    """`call(args)`, with the Python `float` and `complex` leaves of `args` as arrays, so that a
+    new value is a new input of the compiled solve instead of a new program; with `args`
+    unchanged if `call` finds that a user's function needs one of them as a Python number (in
+    an `if`, or as a shape)."""
+    numbers = lambda leaf: isinstance(leaf, float | complex)
+    if not any(numbers(leaf) for leaf in jax.tree.leaves(args)):
+        return call(args)
+    try:
+        return call(jax.tree.map(lambda leaf: jnp.asarray(leaf) if numbers(leaf) else leaf, args))
+    except jax.errors.ConcretizationTypeError:
+        return call(args)
 
 
 def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
@@ -131,8 +182,9 @@ def check_vector_field(f: VectorField, t0: Scalar, y0: Y, args: Args) -> None:
 def tolerance(name: str, value, y0: Y):
     """`rtol` or `atol`, raising (naming the fix) unless it is one positive, finite real number,
     or a pytree like `y0` whose leaves are such numbers or arrays of their leaf's shape (a
-    tolerance per component). Python numbers stay Python numbers; arrays become arrays of the
-    state's real dtype. Traced values are checked at run time (see `PIDController.valid`).
+    tolerance per component), returned as arrays of the state's real dtype (so that a new value
+    is a new input of the compiled solve, never a new program). Traced values are checked at run
+    time (see `PIDController.valid`).
     """
     known_values(name, value)  # rejects strings and bools
     if jax.tree.structure(value) == jax.tree.structure(y0):
@@ -169,10 +221,8 @@ def _tolerance_leaf(name: str, value, y: jax.Array | None, dtype=None):
     known = known_values(name, value)
     if known is not None and not (np.all(known > 0) and np.all(np.isfinite(known))):
         raise ValueError(f"{name}={value} must be positive and finite. {fix}")
-    if isinstance(value, int | float):
-        return float(value)
     dtype = dtype if y is None else jnp.finfo(y.dtype).dtype
-    return jnp.asarray(value, dtype)
+    return as_array(value, dtype)
 
 
 def warn_below_resolution(name: str, rtol, y0: Y) -> None:
@@ -202,7 +252,7 @@ def concrete(x) -> np.ndarray | None:
         return None
 
 
-def step_size(dt0, t0: Scalar, t1: Scalar) -> Scalar | None:
+def step_size(dt0, t0: Scalar, t1: Scalar, checks: TracedChecks) -> Scalar | None:
     """`dt0` (`None`, or a scalar of `t0`'s dtype), raising unless it is finite, non-zero and
     points from `t0` to `t1` (any finite value when `t0 == t1`): now if the values are known,
     at run time if traced."""
@@ -219,7 +269,7 @@ def step_size(dt0, t0: Scalar, t1: Scalar) -> Scalar | None:
     if dt is None or t0_value is None or t1_value is None:
         span = t1 - t0
         wrong_way = (span != 0) & (jnp.sign(dt0) != jnp.sign(span))
-        return eqx.error_if(dt0, ~jnp.isfinite(dt0) | wrong_way, message)
+        return checks.require(dt0, ~jnp.isfinite(dt0) | wrong_way, message)
     if t0_value == t1_value:
         return dt0
     if dt == 0:
@@ -234,7 +284,7 @@ def step_size(dt0, t0: Scalar, t1: Scalar) -> Scalar | None:
     return dt0
 
 
-def check_save_times(ts, t0: Scalar, t1: Scalar):
+def check_save_times(ts, t0: Scalar, t1: Scalar, checks: TracedChecks):
     """`ts`, raising (at run time if traced) unless sorted along the direction of integration and
     inside the span."""
     message = (
@@ -252,7 +302,7 @@ def check_save_times(ts, t0: Scalar, t1: Scalar):
     direction = jnp.where(t1 >= t0, 1, -1)
     inside = (ts >= jnp.minimum(t0, t1)) & (ts <= jnp.maximum(t0, t1))
     bad = jnp.any(jnp.diff(ts) * direction < 0) | ~jnp.all(inside)
-    return eqx.error_if(ts, bad, message)
+    return checks.require(ts, bad, message)
 
 
 def events(event) -> tuple | None:
@@ -319,7 +369,7 @@ def _check_update(name: str, update, t0: Scalar, y0: Y, args: Args) -> None:
             )
 
 
-def jump_times(jump_ts, dtype):
+def jump_times(jump_ts, dtype, checks: TracedChecks):
     """`jump_ts` (known discontinuities) as a 1-D array of `dtype`, or `None`."""
     if jump_ts is None:
         return None
@@ -329,4 +379,4 @@ def jump_times(jump_ts, dtype):
             f"jump_ts must be a non-empty 1-D array of times, got shape {values.shape}. Fix: "
             "pass e.g. `jump_ts=jnp.array([1.0, 2.0])`."
         )
-    return _finite("jump_ts", values)
+    return _finite("jump_ts", values, checks)

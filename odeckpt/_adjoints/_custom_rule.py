@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._autodiff import Sweeps, differentiable
+from .._errors import error_if
 from .._loop import IntegrationLoop, LoopState, Outputs
 from .._status import Status
 from .._types import BoolScalar
@@ -148,7 +149,7 @@ def checked(tree, loop: IntegrationLoop, final: LoopState, checks: Sequence[tupl
     ok: BoolScalar = loop.final_status(final) == Status.successful
     for passed, message in checks:
         if loop.throw:
-            tree = eqx.error_if(tree, ok & ~passed, message)
+            tree = error_if(tree, ok & ~passed, message)
         ok = ok & passed
     nan = lambda x: jnp.where(ok, x, jnp.nan).astype(x.dtype)
     return jax.tree.map(lambda x: nan(x) if eqx.is_inexact_array(x) else x, tree)

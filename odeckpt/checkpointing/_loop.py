@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 
 from .._autodiff import _tree
+from .._errors import error_if
 from ._vmap import any_lane
 from .schedules import BinomialTable, Ops, Schedule
 
@@ -341,7 +342,7 @@ def reverse_body(
             chained = (end < loop.recorded_steps) | agree
             init = cts.init
             if loop.throw:
-                init = eqx.error_if(init, ~chained, DIVERGED)
+                init = error_if(init, ~chained, DIVERGED)
             # NaN in the state's cotangent reaches every earlier step's; the parameters' sum
             # has taken the later steps' already. The output buffers' (length m) stay as they
             # are, so that the check costs O(state) per step.

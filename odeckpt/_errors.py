@@ -1,0 +1,60 @@
+"""The one place that decides how a run-time failure raises.
+
+Under a plain `jax.jit` (or no `jit`), through `eqx.error_if`: a host callback that raises when
+the failing value is computed. While `odeckpt.jit` traces a program, as `checkify` checks
+instead: the failure bits travel beside the program's outputs and `odeckpt.jit` raises on the
+host when the call returns, so the compiled program holds no host callback and JAX's persistent
+compilation cache can store it (see docs/failures.md).
+"""
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from ._types import BoolScalar
+
+_ON_HOST = contextvars.ContextVar("odeckpt_failures_on_host", default=False)
+
+
+@contextlib.contextmanager
+def failures_on_host() -> Iterator[None]:
+    """While active, failures are recorded as `checkify` checks (for `odeckpt.jit`, which
+    functionalises them) instead of host callbacks."""
+    token = _ON_HOST.set(True)
+    try:
+        yield
+    finally:
+        _ON_HOST.reset(token)
+
+
+def on_host() -> bool:
+    """Whether failures are being recorded for `odeckpt.jit` (see `failures_on_host`)."""
+    return _ON_HOST.get()
+
+
+def error_if(token, pred: BoolScalar, message: str):
+    """`token` unchanged; a run-time error with `message` where `pred` holds (any lane under
+    `vmap`). Always rebind the result: under a plain `jit` the check lives on its data path."""
+    if _ON_HOST.get():
+        checkify.check(~jnp.asarray(pred), _literal(message))
+        return token
+    return eqx.error_if(token, pred, message)
+
+
+def branched_error_if(token, pred: BoolScalar, index, messages: Sequence[str]):
+    """`token` unchanged; a run-time error with `messages[index]` where `pred` holds."""
+    if _ON_HOST.get():
+        pred = jnp.asarray(pred)
+        for i, message in enumerate(messages):
+            checkify.check(~(pred & (index == i)), _literal(message))
+        return token
+    return eqx.branched_error_if(token, pred, index, list(messages))
+
+
+def _literal(message: str) -> str:
+    """`message` as a `checkify` format string that prints it unchanged."""
+    return message.replace("{", "{{").replace("}", "}}")
