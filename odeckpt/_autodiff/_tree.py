@@ -149,19 +149,28 @@ def write(buffers, idx, values):
     )
 
 
-def gather(ct_buffers, idx):
-    """The cotangents at `idx` (zero outside `[0, m)`). With a tuple `idx`, `ct_buffers` is a
-    list of groups, one index array each."""
-    if isinstance(idx, tuple):
-        return [gather(*group) for group in zip(ct_buffers, idx, strict=True)]
-    return jtu.tree_map(lambda b: b.at[idx].get(mode="fill", fill_value=0), ct_buffers)
+def take(ct_buffers, idx):
+    """`(rows, rest)`: the cotangents at `idx` (zero outside `[0, m)`), and the buffers with
+    those slots zeroed (out-of-range indices dropped). With a tuple `idx`, `ct_buffers` is a
+    list of groups, one index array each.
 
-
-def clear(ct_buffers, idx):
-    """The buffers with the slots at `idx` zeroed (out-of-range indices dropped)."""
+    The zeros written are computed from the rows read (`+0` whatever the row holds, NaN
+    included), so XLA reads the slots before it clears them and updates the buffer in place
+    instead of copying it.
+    """
     if isinstance(idx, tuple):
-        return [clear(*group) for group in zip(ct_buffers, idx, strict=True)]
-    return jtu.tree_map(lambda b: b.at[idx].set(0, mode="drop"), ct_buffers)
+        pairs = [take(*group) for group in zip(ct_buffers, idx, strict=True)]
+        return [rows for rows, _ in pairs], [rest for _, rest in pairs]
+
+    def leaf(b):
+        rows = b.at[idx].get(mode="fill", fill_value=0)
+        zeros = jnp.where(jnp.isfinite(rows), jnp.abs(rows) * 0, 0).astype(b.dtype)
+        return rows, b.at[idx].set(zeros, mode="drop")
+
+    leaves, treedef = jtu.tree_flatten(ct_buffers)
+    pairs = [leaf(b) for b in leaves]
+    rows = jtu.tree_unflatten(treedef, [r for r, _ in pairs])
+    return rows, jtu.tree_unflatten(treedef, [rest for _, rest in pairs])
 
 
 def check_same_structure(what, expected, got, fix):

@@ -401,12 +401,13 @@ def _vjp_step(loop: EngineLoop, inputs: LoopInputs, step, want: LoopInputs):
 
         diff = (params_f if want.params else None, state_f, x_f if want.xs else None)
         _, vjp_fn, (idx, reached) = jax.vjp(f, *diff, has_aux=True)
-        ct_p, ct_s, ct_x = vjp_fn((cts.init, _tree.gather(cts.buffers, idx)))
+        rows, rest = _tree.take(cts.buffers, idx)
+        ct_p, ct_s, ct_x = vjp_fn((cts.init, rows))
         cts = LoopInputs(
             params=_tree.add(cts.params, ct_p) if want.params else cts.params,
             init=ct_s,
             xs=None if cts.xs is None else _tree.update(cts.xs, ct_x, i),
-            buffers=_tree.clear(cts.buffers, idx),
+            buffers=rest,
         )
         return cts, reached
 
