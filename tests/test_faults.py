@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +37,9 @@ STEPPER_NAMES = sorted(STEPPERS)
 REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating",
            "interpolating_resolved")  # fmt: skip
 ADJOINTS = (*REVERSE, "forward")
+# How a case is compiled: by a plain `jax.jit` (failures raise through host callbacks inside the
+# program) or by `odeckpt.jit` (as `checkify` checks, raised on the host after the call).
+JITS = {"jax.jit": jax.jit, "odeckpt.jit": odeckpt.jit}
 
 
 def _adjoint(name: str, tol: float | None = 1e-10):
@@ -59,8 +63,7 @@ DEFAULT_PAIRS = {
 }  # fmt: skip
 
 
-def _pairs():
-    fast = DEFAULT_PAIRS
+def _pairs(fast=DEFAULT_PAIRS, jit="jax.jit"):
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
         if adjoint == "interpolating_resolved" and STEPPERS[name].error_order is None:
             continue  # the re-solve needs an adaptive stepper (a clear error otherwise)
@@ -124,9 +127,9 @@ def _lanes_strategy():
 _COMPILED = {}
 
 
-def _batched(name: str, adjoint: str):
-    """`(status, ys, dloss/d(y0, k))` for a batch of lanes, compiled once per pair."""
-    key = (name, adjoint)
+def _batched(name: str, adjoint: str, jit: str = "jax.jit"):
+    """`(status, ys, dloss/d(y0, k))` for a batch of lanes, compiled once per pair by `jit`."""
+    key = (name, adjoint, jit)
     if key in _COMPILED:
         return _COMPILED[key]
 
@@ -151,7 +154,7 @@ def _batched(name: str, adjoint: str):
         ok = sol.status == odeckpt.Status.successful
         return ok, sol.ys, jnp.stack(d)
 
-    _COMPILED[key] = jax.jit(jax.vmap(lane))
+    _COMPILED[key] = JITS[jit](jax.vmap(lane))
     return _COMPILED[key]
 
 
@@ -159,7 +162,22 @@ def _batched(name: str, adjoint: str):
 @settings(max_examples=3, deadline=None)
 @given(lanes=_lanes_strategy())
 def test_faults_fail_loudly_per_lane(name, adjoint, lanes):
-    ok, ys, grad = _batched(name, adjoint)(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
+    _check_lanes(name, adjoint, lanes, "jax.jit")
+
+
+# `odeckpt.jit` compiles another program (checks as `checkify` checks, no host callback): the
+# same cases, with one pair (the checkpointing engine's adjoint) by default.
+@pytest.mark.parametrize("name, adjoint", _pairs({("kvaerno5", "backsolve")}, "odeckpt.jit"))
+@settings(max_examples=3, deadline=None)
+@given(lanes=_lanes_strategy())
+def test_faults_fail_loudly_per_lane_under_odeckpt_jit(name, adjoint, lanes):
+    _check_lanes(name, adjoint, lanes, "odeckpt.jit")
+
+
+def _check_lanes(name: str, adjoint: str, lanes: Lanes, jit: str):
+    """Each faulty lane fails with a NaN gradient, and the healthy one keeps its own."""
+    batched = _batched(name, adjoint, jit)
+    ok, ys, grad = batched(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
     ok, ys, grad = np.asarray(ok), np.asarray(ys), np.asarray(grad)
     for i in range(len(ok)):
         if ok[i]:
@@ -170,9 +188,7 @@ def test_faults_fail_loudly_per_lane(name, adjoint, lanes):
     # The healthy lane keeps its gradient: that of a batch of healthy lanes, which is the
     # derivative of y(1)^2 = y0^2 exp(-2k) to the accuracy of the stepper.
     healthy = Lanes([(lanes.y0[-1], lanes.k[-1], lanes.t_fault[-1], 0.0)] * len(ok))
-    ok_alone, _, alone = _batched(name, adjoint)(
-        healthy.y0, healthy.k, healthy.t_fault, healthy.value
-    )
+    ok_alone, _, alone = batched(healthy.y0, healthy.k, healthy.t_fault, healthy.value)
     assert ok[-1] and np.all(ok_alone)
     np.testing.assert_allclose(grad[-1], alone[0], rtol=1e-10)
     y0, k = healthy.y0[0], healthy.k[0]
@@ -197,6 +213,46 @@ def test_throw_raises_for_a_failing_lane(name):
 
     with pytest.raises(Exception, match="non-finite|Newton"):
         jax.block_until_ready(jax.jit(jax.vmap(final))(jnp.array([1.0, 2.0])))
+
+
+# A faulty lane `(y0, k, t_fault, value)` and the status its solve ends with.
+_LANE_FAULTS = {
+    "f": ((1.0, 1.3, 0.5, np.nan), odeckpt.Status.nonfinite),
+    "f-inf": ((1.0, 1.3, 0.3, -np.inf), odeckpt.Status.nonfinite),
+    "args": ((1.0, np.inf, 2.0, 0.0), odeckpt.Status.nonfinite_f0),
+    "y0": ((np.nan, 1.3, 2.0, 0.0), odeckpt.Status.nonfinite_y0),
+}
+
+
+def _throwing_loss(y0, k, t_fault, value):
+    sol = odeckpt.solve(faulty_field, jnp.stack([y0]), (0.0, T1), (k, t_fault, value),
+                        rtol=1e-8, atol=1e-8)  # fmt: skip
+    return jnp.sum(sol.ys**2)
+
+
+# Module-level, so that every fault reuses the compiled programs.
+_THROWING = {
+    "solve": odeckpt.jit(jax.vmap(_throwing_loss)),
+    "grad": odeckpt.jit(jax.vmap(jax.grad(_throwing_loss, argnums=(0, 1)))),
+}
+
+
+@pytest.mark.parametrize("fault", slow_unless(list(_LANE_FAULTS), fast={"f"}))
+def test_odeckpt_jit_raises_a_failing_lanes_status_after_the_call(fault):
+    """`throw=True` under `odeckpt.jit`: one faulty lane beside a healthy one makes the call
+    raise its status's message, from the solve and from its gradient (whose checks XLA keeps);
+    the same program on healthy lanes returns the exact gradient."""
+    row, status = _LANE_FAULTS[fault]
+    lanes = Lanes([row, (0.7, 1.3, 2.0, 0.0)])
+    for program in _THROWING.values():
+        with pytest.raises(eqx.EquinoxRuntimeError) as raised:
+            program(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
+        assert str(raised.value) == status.message
+    healthy = Lanes([(0.7, 1.3, 2.0, 0.0), (1.5, 0.4, 2.0, 0.0)])
+    d_y0, d_k = _THROWING["grad"](healthy.y0, healthy.k, healthy.t_fault, healthy.value)
+    decay = np.exp(-2 * healthy.k)
+    np.testing.assert_allclose(d_y0, 2 * healthy.y0 * decay, rtol=1e-6)
+    np.testing.assert_allclose(d_k, -2 * healthy.y0**2 * decay, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -296,7 +352,7 @@ def _decay(t, y, args):
     return {"real": -y["real"], "complex": LAMBDA * y["complex"]}
 
 
-def _edge_solver(name: str):
+def _edge_solver(name: str, jit: str = "jax.jit"):
     order = STEPPERS[name].order
     if STEPPERS[name].error_order is None:
         options = dict(controller=odeckpt.ConstantStep())
@@ -308,7 +364,6 @@ def _edge_solver(name: str):
         # Error per step: a first-order method's global error is far above rtol.
         tol = {1: 1e-2, 2: 1e-4}.get(order, 1e-8)
 
-    @jax.jit
     def solve(t0, t1, ts):
         constant = "controller" in options
         y0 = {"real": jnp.exp(-jnp.stack([t0])), "complex": jnp.exp(LAMBDA * jnp.stack([t0]))}
@@ -317,7 +372,7 @@ def _edge_solver(name: str):
             max_steps=2**16, dt0=(t1 - t0) / 256 if constant else None, **options,
         )  # fmt: skip
 
-    return solve, tol
+    return JITS[jit](solve), tol
 
 
 # By default an explicit Runge-Kutta method and an ESDIRK (whose zero-length first step class 7
@@ -325,12 +380,20 @@ def _edge_solver(name: str):
 EDGE_STEPPERS = {"tsit5", "kvaerno5"}
 
 
-@pytest.mark.parametrize("name", slow_unless(STEPPER_NAMES, fast=EDGE_STEPPERS))
-def test_save_times_at_the_ends_and_repeated(name):
-    """A state with a real and a complex leaf, against the closed form."""
-    solve, tol = _edge_solver(name)
+@pytest.mark.parametrize(
+    "name, jit",
+    slow_unless(
+        [(name, jit) for jit in JITS for name in STEPPER_NAMES],
+        fast={(name, "jax.jit") for name in EDGE_STEPPERS},
+    ),
+)
+def test_save_times_at_the_ends_and_repeated(name, jit):
+    """A state with a real and a complex leaf, against the closed form (the span's ends and
+    the save times traced, as Python floats under `odeckpt.jit`)."""
+    solve, tol = _edge_solver(name, jit)
     for (t0, t1), ts in _EDGE_TIMES.values():
         sol = solve(t0, t1, jnp.asarray(ts))
+        assert sol.status == odeckpt.Status.successful
         np.testing.assert_allclose(sol.ts, ts)
         for key, exact in _exact(ts).items():
             np.testing.assert_allclose(sol.ys[key][:, 0], exact, rtol=tol)
@@ -415,12 +478,18 @@ _ZERO_LENGTH = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "adjoint, solver",
-    slow_unless(_ZERO_LENGTH, fast=[("direct", "tsit5")]),
-)
-def test_zero_length_spans_inside_a_batch(adjoint, solver):
-    """A lane with t1 == t0 has y(t1) = y0 and the exact derivatives in t0, t1, y0 and k."""
+def _zero_length_cases():
+    """Every case evaluated op by op (one by default), and compiled by `odeckpt.jit` (slow)."""
+    eager = [(adjoint, solver, "eager") for adjoint, solver in _ZERO_LENGTH]
+    yield from slow_unless(eager, fast=[("direct", "tsit5", "eager")])
+    for adjoint, solver in _ZERO_LENGTH:
+        yield pytest.param(adjoint, solver, "odeckpt.jit", marks=[pytest.mark.slow])
+
+
+@pytest.mark.parametrize("adjoint, solver, jit", list(_zero_length_cases()))
+def test_zero_length_spans_inside_a_batch(adjoint, solver, jit):
+    """A lane with t1 == t0 has y(t1) = y0 and the exact derivatives in t0, t1, y0 and k
+    (evaluated op by op, or compiled by `odeckpt.jit`, where it must not raise)."""
     k = 0.8
 
     def final(t1, y0, k):
@@ -434,9 +503,8 @@ def test_zero_length_spans_inside_a_batch(adjoint, solver):
     t1s = jnp.array([0.2, 1.0, 0.2])
     y0 = 1.5
     derivative = jax.jacfwd if adjoint == "forward" else jax.grad
-    d_t1, d_y0, d_k = jax.vmap(derivative(final, argnums=(0, 1, 2)), in_axes=(0, None, None))(
-        t1s, y0, k
-    )
+    batched = jax.vmap(derivative(final, argnums=(0, 1, 2)), in_axes=(0, None, None))
+    d_t1, d_y0, d_k = (batched if jit == "eager" else odeckpt.jit(batched))(t1s, y0, k)
     span = np.asarray(t1s) - 0.2
     decay = np.exp(-k * span)
     np.testing.assert_allclose(d_t1, 2 * -k * y0 * decay, rtol=1e-7)
@@ -444,7 +512,7 @@ def test_zero_length_spans_inside_a_batch(adjoint, solver):
     np.testing.assert_allclose(d_k, 2 * -span * y0 * decay, rtol=1e-7, atol=1e-12)
 
 
-def _event_lane(adjoint: str):
+def _event_lane(adjoint: str, jit: str = "jax.jit"):
     """`(ok, t*, d t*/d(y0, k))` per lane for `y' = -k y` stopped where `y` falls to 0.5
     (`t* = log(2 y0) / k`), with faults in `f` after `t_fault`, in `k`, in `y0`, and in the
     event function after `t_event`."""
@@ -462,17 +530,24 @@ def _event_lane(adjoint: str):
         d, sol = derivative(hit, argnums=(0, 1), has_aux=True)(y0, k, t_fault, t_event)
         return sol.status == odeckpt.Status.successful, sol.ts[-1], jnp.stack(d)
 
-    return jax.jit(jax.vmap(lane))
+    return JITS[jit](jax.vmap(lane))
 
 
-@pytest.mark.parametrize("adjoint", slow_unless(ADJOINTS, fast={"forward_sensitivity"}))
-def test_events_fail_loudly_per_lane(adjoint):
+def _event_cases():
+    yield from slow_unless([(adjoint, "jax.jit") for adjoint in ADJOINTS],
+                           fast={("forward_sensitivity", "jax.jit")})  # fmt: skip
+    for adjoint in ADJOINTS:
+        yield pytest.param(adjoint, "odeckpt.jit", marks=[pytest.mark.slow])
+
+
+@pytest.mark.parametrize("adjoint, jit", list(_event_cases()))
+def test_events_fail_loudly_per_lane(adjoint, jit):
     nan = np.nan
     y0 = np.array([nan, 1.0, 1.0, 1.0, 1.0])
     k = np.array([1.0, nan, 1.0, 1.0, 1.3])
     t_fault = np.array([9.0, 9.0, 0.2, 9.0, 9.0])  # the event is at t = 0.69 (k = 1)
     t_event = np.array([9.0, 9.0, 9.0, 0.2, 9.0])
-    ok, t, d = (np.asarray(x) for x in _event_lane(adjoint)(y0, k, t_fault, t_event))
+    ok, t, d = (np.asarray(x) for x in _event_lane(adjoint, jit)(y0, k, t_fault, t_event))
     np.testing.assert_array_equal(ok, [False, False, False, False, True])
     assert np.all(np.isnan(d[:4]))
     exact = np.log(2.0) / 1.3
@@ -524,3 +599,29 @@ def test_events_on_a_complex_state():
     np.testing.assert_allclose(sol.ys[-1], [1j], atol=1e-9)
     event_time = lambda k: solve(k, "forward_sensitivity").ts[-1]
     np.testing.assert_allclose(jax.grad(event_time)(1.0), -np.pi / 2, rtol=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("throw", [False, True])
+def test_faults_in_a_complex_state_under_odeckpt_jit(throw):
+    """`y' = i k y` from 1, NaN from `t_fault` on, one program per lane: a faulty lane fails
+    (its status, a NaN derivative; with `throw=True` the call raises the status's message),
+    and a healthy one has d Re y(1) / dk = -sin k."""
+
+    def final(k, t_fault):
+        field = lambda t, y, p: jnp.where(t > p[1], jnp.nan, 1j * p[0] * y)
+        sol = odeckpt.solve(field, jnp.ones(1, complex), (0.0, 1.0), (k, t_fault), rtol=1e-10,
+                            atol=1e-10, throw=throw)  # fmt: skip
+        return jnp.real(sol.ys[-1, 0]), sol.status == odeckpt.Status.successful
+
+    program = odeckpt.jit(jax.grad(final, has_aux=True))
+    if throw:
+        with pytest.raises(eqx.EquinoxRuntimeError) as raised:
+            program(1.3, 0.5)
+        assert str(raised.value) == odeckpt.Status.nonfinite.message
+    else:
+        d, ok = program(1.3, 0.5)
+        assert not ok and np.isnan(d)
+    d, ok = program(1.3, 2.0)
+    assert ok
+    np.testing.assert_allclose(d, -np.sin(1.3), rtol=1e-8)

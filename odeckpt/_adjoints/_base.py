@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from .._loop import IntegrationLoop, LoopState, Outputs
 from .._types import IntScalar
+from ..checkpointing import lockstep_while_loop
 
 
 class GradientStats(eqx.Module):
@@ -109,7 +110,7 @@ def while_loop(
         watch = None if watch is None else watch.update(state, new, writes)
         return new, outputs.write(writes), watch, steps + 1
 
-    state, outputs, watch, _ = jax.lax.while_loop(
+    state, outputs, watch, _ = lockstep_while_loop(
         cond, body, (state, outputs, watch, jnp.zeros((), jnp.int32))
     )
     return state, outputs, watch

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from .._types import Args, BoolScalar, IntScalar, Scalar, Y
+from ..checkpointing import lockstep_while_loop
 from ._dense import polynomial
 
 SUBDIVISIONS = 8
@@ -377,7 +378,7 @@ def _illinois(g, lo: Scalar, hi: Scalar, g_lo: Scalar, g_hi: Scalar, tol: Scalar
 
     zero = jnp.zeros((), jnp.int32)
     init = _Bracket(lo, hi, g_lo, g_hi, kept=zero, width_before=2 * (hi - lo), num_iterations=zero)
-    return jax.lax.while_loop(cond, body, init).lo
+    return lockstep_while_loop(cond, body, init).lo
 
 
 def _implicit_root(

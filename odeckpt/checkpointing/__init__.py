@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._layers import checkpointed_layers as checkpointed_layers
     from ._recomputation import recomputed_steps as recomputed_steps
     from ._scan import checkpointed_scan as checkpointed_scan, scan_plan as scan_plan
-    from ._vmap import any_lane as any_lane
+    from ._vmap import any_lane as any_lane, lockstep_while_loop as lockstep_while_loop
     from ._while_loop import (
         bounded_while_loop as bounded_while_loop,
         while_loop_plan as while_loop_plan,
@@ -31,7 +31,7 @@ _PUBLIC = {
     "._layers": ("checkpointed_layers",),
     "._recomputation": ("recomputed_steps",),
     "._scan": ("checkpointed_scan", "scan_plan"),
-    "._vmap": ("any_lane",),
+    "._vmap": ("any_lane", "lockstep_while_loop"),
     "._while_loop": ("bounded_while_loop", "while_loop_plan"),
 }
 

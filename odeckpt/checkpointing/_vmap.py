@@ -64,3 +64,38 @@ def _lane_running_vmap(axis_size, in_batched, pred):
         return pred, True
     # Called again, so that an enclosing `vmap` that batches `pred` gets it back.
     return lane_running(pred), False
+
+
+def lockstep_while_loop(cond_fun, body_fun, init_val):
+    """`jax.lax.while_loop(cond_fun, body_fun, init_val)`, whose predicate stays unbatched under
+    `vmap`: the loop runs while any lane's `cond_fun` holds, and a lane whose `cond_fun` no
+    longer holds keeps its value (as JAX's own batching of a while loop does).
+
+    Outside `vmap` it is the plain loop (the lane mask is a constant XLA folds away). Under
+    `vmap` it computes what `jax.vmap` of `lax.while_loop` computes, but the batched loop it
+    produces has an unbatched predicate, which `jax.experimental.checkify` (and so
+    `odeckpt.jit`) supports where it refuses a batched one.
+
+    **Arguments:** as for `jax.lax.while_loop`.
+
+    **Returns:**
+
+    The final loop value.
+
+    **Example:**
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> from odeckpt.checkpointing import lockstep_while_loop
+    >>> halve = lambda x: lockstep_while_loop(lambda x: x > 1, lambda x: x / 2, x)
+    >>> jax.vmap(halve)(jnp.array([1.0, 4.0, 5.0])).tolist()
+    [1.0, 1.0, 0.625]
+
+    ```
+    """
+
+    def body(val):
+        running = lane_running(cond_fun(val))
+        return jax.tree.map(lambda new, old: jnp.where(running, new, old), body_fun(val), val)
+
+    return jax.lax.while_loop(lambda val: any_lane(cond_fun(val)), body, init_val)

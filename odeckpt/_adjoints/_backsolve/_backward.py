@@ -14,6 +14,7 @@ from ..._loop import AbstractAdaptiveController, IntegrationLoop, LoopState, Out
 from ..._saveat import SaveAt
 from ..._status import Status
 from ..._types import BoolScalar, IntScalar, Scalar
+from ...checkpointing import lockstep_while_loop
 from .._base import while_loop
 from ._problem import Problem
 from ._setup import AbstractBackwardSolve, BackwardSetup
@@ -184,7 +185,7 @@ def solve_backwards(backward: Backward, z, ct_jumps=None) -> tuple:
     dt = backward.first_dt(problem.augmented, s0, z, diff)
     stats = BackwardStats.none(backward.init.t.dtype)
     carry = _AugmentedCarry(jnp.zeros((), jnp.int32), s0, z, dt, stats, ct_jumps)
-    done = jax.lax.while_loop(lambda c: c.next_stop < stops.count, body, carry)
+    done = lockstep_while_loop(lambda c: c.next_stop < stops.count, body, carry)
     return (*done.z[1:], done.ct_jumps), done.stats
 
 
@@ -295,7 +296,7 @@ def solve_with_forward_states(
     dt = backward.first_dt(problem.adjoint_at(final.y, tau1), jnp.zeros_like(tau1), a_g, diff)
     carry = _AdjointCarry(zero, tau1, a_g, dt, window, stats, ct_jumps)
     cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
-    done = jax.lax.while_loop(cond, body, carry)
+    done = lockstep_while_loop(cond, body, carry)
     return (*done.a_g, done.ct_jumps), done.stats
 
 

@@ -30,6 +30,7 @@ from jaxtyping import Array
 from ..._checks import known_values
 from ..._real_coordinates import RealCoordinates
 from ..._types import Args, BoolScalar, IntScalar, Scalar, ScalarLike, Y
+from ...checkpointing import lockstep_while_loop
 from ._system import AbstractSystem, FlatField, Jacobian, no_grad
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
@@ -231,7 +232,7 @@ class AbstractNewton(eqx.Module):
             z=guess, num_iterations=jnp.zeros((), jnp.int32), last_size=zero, eta=eta0,
             rate=zero, converged=jnp.zeros_like(skip), diverged=skip,
         )  # fmt: skip
-        final = jax.lax.while_loop(cond, body, carry)
+        final = lockstep_while_loop(cond, body, carry)
         nonfinite = ~final.converged & ~jnp.isfinite(final.last_size)
         # The next test starts from the slowest contraction seen, not the last: where the
         # iterate became exact (linear stages, or components that others drive but that drive

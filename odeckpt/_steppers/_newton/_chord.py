@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ..._types import BoolScalar, Scalar
+from ...checkpointing import lockstep_while_loop
 from ._base import DEFAULT_ATOL, DEFAULT_RTOL, AbstractNewton, Prepared, check_settings
 from ._linear import ShiftedLU, lu_solver, same_step_size
 from ._system import Stage, no_grad
@@ -192,5 +193,5 @@ class Newton(AbstractNewton):
         x0 = solve(rhs)
         zero = jnp.zeros((), z.dtype)
         carry = (x0, jnp.zeros((), jnp.int32), norm(x0, x0), jnp.array(False), ~jnp.isfinite(zero))
-        x, _, _, done, _ = jax.lax.while_loop(cond, body, carry)
+        x, _, _, done, _ = lockstep_while_loop(cond, body, carry)
         return jnp.where(done, x, jnp.nan)
