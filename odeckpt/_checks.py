@@ -27,6 +27,8 @@ def with_nonfinite(error: Y, *trees: Y) -> Y:
 def known_values(name: str, value) -> np.ndarray | None:
     """Every number in the pytree `value`, flattened, if all are known at trace time; `None` if
     any is traced. Raises (naming the fix) on strings and bools, which are never settings."""
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return np.array([value], dtype=float)  # the common case, without flattening a pytree
     leaves = jax.tree.leaves(value)
     for leaf in leaves:
         if isinstance(leaf, str | bool):

@@ -2,6 +2,7 @@
 compilation cache can store, with failures raised on the host after the call."""
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -91,8 +92,15 @@ class _Compiled:
 
     def __init__(self, fun, static_argnums: tuple[int, ...], static_argnames, jit_options):
         self._fun = fun
-        self._static_argnums = static_argnums
-        self._static_argnames = static_argnames
+        names = _parameter_names(fun)
+        # As `jax.jit`: a static argument may be named by position or by name, and passed
+        # either way.
+        self._static_argnums = frozenset(
+            (*static_argnums, *(names.index(n) for n in static_argnames if n in names))
+        )
+        self._static_argnames = frozenset(
+            (*static_argnames, *(names[i] for i in static_argnums if -len(names) <= i < len(names)))
+        )
         self._jitted = jax.jit(self._checked, static_argnums=(1,), **jit_options)
         functools.update_wrapper(self, fun)
 
@@ -113,9 +121,9 @@ class _Compiled:
         return self._jitted.lower(*self._split(args, kwargs))
 
     def _split(self, args: tuple, kwargs: dict):
+        positions = self._fixed_positions(len(args), kwargs)
         static_args = tuple(
-            _StaticLeaf(arg) if i in self._fixed_positions(len(args)) else arg
-            for i, arg in enumerate(args)
+            _StaticLeaf(arg) if i in positions else arg for i, arg in enumerate(args)
         )
         static_kwargs = {
             name: _StaticLeaf(value) if name in self._static_argnames else value
@@ -124,17 +132,45 @@ class _Compiled:
         dynamic, static = eqx.partition((static_args, static_kwargs), _traced)
         return dynamic, _Hashable(static)
 
-    def _fixed_positions(self, count: int) -> set[int]:
+    def _fixed_positions(self, count: int, kwargs: dict) -> set[int]:
+        """The positions of the static arguments among `count` positional ones; raises for a
+        `static_argnums` entry that names no argument of the call."""
+        names = _parameter_names(self._fun)
+        for i in self._static_argnums:
+            passed = -count <= i < count or (0 <= i < len(names) and names[i] in kwargs)
+            if not passed:
+                raise ValueError(
+                    f"odeckpt.jit(static_argnums=...) names argument {i}, but the call passes "
+                    f"{count} positional argument(s). Fix: pass that argument, or correct "
+                    "static_argnums."
+                )
         return {i % count for i in self._static_argnums if -count <= i < count}
 
     def _checked(self, dynamic, static: "_Hashable"):
         args, kwargs = eqx.combine(dynamic, static.tree)
         args = tuple(a.value if isinstance(a, _StaticLeaf) else a for a in args)
         kwargs = {k: v.value if isinstance(v, _StaticLeaf) else v for k, v in kwargs.items()}
+        statics = []
+
+        def arrays_out(*args, **kwargs):
+            out_dynamic, out_static = eqx.partition(self._fun(*args, **kwargs), eqx.is_array)
+            statics.append(out_static)
+            return out_dynamic
+
         with failures_on_host():
-            error, out = checkify.checkify(self._fun, errors=checkify.user_checks)(*args, **kwargs)
-        out_dynamic, out_static = eqx.partition(out, eqx.is_array)
-        return error, out_dynamic, _StaticOutput(out_static)
+            checked = checkify.checkify(arrays_out, errors=checkify.user_checks)
+            error, out_dynamic = checked(*args, **kwargs)
+        return error, out_dynamic, _StaticOutput(statics[0])
+
+
+def _parameter_names(fun) -> list[str]:
+    """The names of `fun`'s positional parameters (empty if it has no signature)."""
+    try:
+        parameters = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in kinds]
 
 
 def _traced(leaf) -> bool:
@@ -151,18 +187,34 @@ class _StaticLeaf:
         self.value = value
 
     def __hash__(self):
-        return hash(self.value)
+        return hash((type(self.value), self.value))
 
     def __eq__(self, other):
-        return isinstance(other, _StaticLeaf) and bool(self.value == other.value)
+        if not isinstance(other, _StaticLeaf) or type(other.value) is not type(self.value):
+            return False
+        return bool(self.value == other.value)
 
 
 class _Hashable:
-    """The static part of the arguments, hashable for `jax.jit`'s cache."""
+    """The static part of the arguments, hashable for `jax.jit`'s cache (a static `1` and a
+    static `True` are different keys, as for `jax.jit`)."""
 
     def __init__(self, tree):
         self.tree = tree
-        self._key = (jax.tree.structure(tree), tuple(jax.tree.leaves(tree)))
+        leaves = jax.tree_util.tree_leaves_with_path(tree)
+        for path, leaf in leaves:
+            try:
+                hash(leaf)
+            except TypeError:
+                value = leaf.value if isinstance(leaf, _StaticLeaf) else leaf
+                kind, rest = ("positional", path[1:]) if path[0].idx == 0 else ("keyword", path[1:])
+                raise TypeError(
+                    f"odeckpt.jit holds the {kind} argument at {jax.tree_util.keystr(rest)} "
+                    f"static (part of the cache key), but a {type(value).__name__} is not "
+                    "hashable. Fix: pass it as an array (traced), or as a tuple if it must be "
+                    "static."
+                ) from None
+        self._key = (jax.tree.structure(tree), tuple((type(x), x) for _, x in leaves))
 
     def __hash__(self):
         return hash(self._key)

@@ -97,6 +97,12 @@ def time_span(t_span, dtype, checks: TracedChecks) -> tuple[Scalar, Scalar]:
 
 def _real_number(name: str, value, dtype, example: str = "1.0") -> jax.Array:
     """`value` as an array of `dtype`, raising (naming the fix) unless it holds real numbers."""
+    _check_real(name, value, example)
+    return jnp.asarray(value, dtype)
+
+
+def _check_real(name: str, value, example: str) -> None:
+    """Raise (naming the fix) unless `value` holds real numbers."""
     fix = f"Fix: pass e.g. {name}={example}."
     if isinstance(value, bool | str):
         raise TypeError(f"{name}={value!r} must be a real number. {fix}")
@@ -106,7 +112,6 @@ def _real_number(name: str, value, dtype, example: str = "1.0") -> jax.Array:
         raise TypeError(f"{name}={value!r} must be a real number. {fix}") from None
     if not (jnp.issubdtype(kind, jnp.integer) or jnp.issubdtype(kind, jnp.floating)):
         raise TypeError(f"{name} has dtype {kind}; it must be a real number. {fix}")
-    return jnp.asarray(value, dtype)
 
 
 def as_array(value, dtype):
@@ -210,7 +215,7 @@ def _tolerance_leaf(name: str, value, y: jax.Array | None, dtype=None):
     """One leaf of a tolerance, checked: a scalar (or an array of `y`'s shape), positive and
     finite if known."""
     fix = f"Fix: pass a positive number, e.g. {name}=1e-6."
-    _real_number(name, value, float, "1e-6")
+    _check_real(name, value, "1e-6")
     shape = jnp.shape(value)
     allowed = "()" if y is None else f"() or {y.shape}"
     if shape != () and (y is None or shape != y.shape):
@@ -221,8 +226,14 @@ def _tolerance_leaf(name: str, value, y: jax.Array | None, dtype=None):
     known = known_values(name, value)
     if known is not None and not (np.all(known > 0) and np.all(np.isfinite(known))):
         raise ValueError(f"{name}={value} must be positive and finite. {fix}")
-    dtype = dtype if y is None else jnp.finfo(y.dtype).dtype
-    return as_array(value, dtype)
+    dtype = np.dtype(dtype if y is None else jnp.finfo(y.dtype).dtype)
+    converted = as_array(value, dtype)
+    if known is not None and not np.all(np.asarray(converted) > 0):
+        raise ValueError(
+            f"{name}={value} underflows to 0 in {dtype.name}, the precision of the state. Fix: "
+            f"pass a tolerance above {np.finfo(dtype).tiny:.1e}, or solve in float64."
+        )
+    return converted
 
 
 def warn_below_resolution(name: str, rtol, y0: Y) -> None:

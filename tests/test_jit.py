@@ -182,6 +182,25 @@ def test_inside_another_transformation_it_is_the_function_itself():
         jax.jit(odeckpt.jit(lambda a: _loss(a, max_steps=10)))(_ARGS)
 
 
+def test_static_arguments_and_outputs_as_jax_jit_and_filter_jit():
+    kind = odeckpt.jit(lambda x, n: x * (2 if type(n) is bool else 3))
+    assert kind(1.0, 1) == 3 and kind(1.0, True) == 2  # a static 1 and True differ
+
+    def branches(t, y, args):
+        (rate,) = args
+        return -y if rate > 0 else y
+
+    final = odeckpt.jit(lambda y0, rate: odeckpt.solve(branches, y0, (0.0, 1.0), (rate,)).ys,
+                        static_argnames="rate")  # fmt: skip
+    np.testing.assert_allclose(final(jnp.ones(1), 1.0), final(jnp.ones(1), rate=1.0))
+    out = odeckpt.jit(lambda x: (x, 1.5, "text", None, jnp.sin))(2.0)
+    assert out[1:] == (1.5, "text", None, jnp.sin) and out[0] == 2.0
+    with pytest.raises(TypeError, match="positional argument at \\[1\\].*list is not hashable"):
+        odeckpt.jit(lambda x, items: x, static_argnums=1)(1.0, [1, 2])
+    with pytest.raises(ValueError, match="names argument 3"):
+        odeckpt.jit(lambda x: x, static_argnums=3)(1.0)
+
+
 class _Compilations:
     """Counts XLA compilations while active."""
 

@@ -235,3 +235,9 @@ def test_rtol_below_the_dtype_resolution_warns():
         warnings.simplefilter("error")
         odeckpt.solve(decay, y0, (0.0, 1.0), rtol=1e-5, atol=1e-6)
         odeckpt.solve(decay, y0.astype(jnp.float64), (0.0, 1.0), rtol=1e-12)
+
+
+def test_a_tolerance_that_underflows_in_the_state_precision_is_refused():
+    y0 = jnp.ones(1, jnp.float32)
+    with pytest.raises(ValueError, match="atol=1e-300 underflows to 0 in float32"):
+        odeckpt.solve(lambda t, y, args: -y, y0, (0.0, 1.0), atol=1e-300)
