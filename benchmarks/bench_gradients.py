@@ -267,9 +267,12 @@ def relative_difference(ours, peer) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-def temp_bytes(fn: Callable, *args) -> int:
-    """Temporary bytes XLA reserves for `jax.jit(fn)` (deterministic, needs no run)."""
-    return int(jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes)
+def compiled_figures(fn: Callable, *args) -> tuple[int, int]:
+    """`(temp_bytes, hlo_lines)`: the temporary bytes XLA reserves for `jax.jit(fn)` and the
+    length of its optimized HLO in lines (both deterministic, needing no run)."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    temp = int(compiled.memory_analysis().temp_size_in_bytes)
+    return temp, compiled.as_text().count("\n")
 
 
 def steps(problem: Problem) -> dict[str, str]:
@@ -282,6 +285,13 @@ def steps(problem: Problem) -> dict[str, str]:
         "odeckpt_steps": f"{int(ours.num_accepted_steps)}+{int(ours.num_rejected_steps)}",
         "diffrax_steps": f"{int(peer['num_accepted_steps'])}+{int(peer['num_rejected_steps'])}",
     }
+
+
+def forward_run_s(problem: Problem, timing_options: dict) -> float:
+    """Median run time of odeckpt's jitted forward solve (the loss without its gradient)."""
+    loss = lambda y0, args: jnp.sum(odeckpt_solve(problem, "recursive")(y0, args).ys[-1] ** 2)
+    options = {**timing_options, "compile_repeats": 1}
+    return compare({"forward": (loss, (problem.y0, problem.args))}, **options)["forward"].run_s
 
 
 def _failure(error: Exception) -> str:
@@ -318,8 +328,8 @@ def run_pair(problem: Problem, pair: Pair, counts: dict, timing_options: dict) -
         print(f"   odeckpt's gradient failed: {record['odeckpt_failed']}")
         return record
     record["grad_rel_diff"] = relative_difference(g_ours, g_peer)
-    record["odeckpt_temp_bytes"] = temp_bytes(ours, *args)
-    record["diffrax_temp_bytes"] = temp_bytes(peer, *args)
+    for name, fn in (("odeckpt", ours), ("diffrax", peer)):
+        record[f"{name}_temp_bytes"], record[f"{name}_hlo_lines"] = compiled_figures(fn, *args)
     timings: dict[str, Timing] = compare(
         {"odeckpt": (ours, args), "diffrax": (peer, args)}, **timing_options
     )
@@ -329,6 +339,7 @@ def run_pair(problem: Problem, pair: Pair, counts: dict, timing_options: dict) -
         record[f"{name}_run_ms"] = 1e3 * timing.run_s
         record[f"{name}_temp_mib"] = record[f"{name}_temp_bytes"] / 2**20
     record["run_ratio"] = record["odeckpt_run_s"] / record["diffrax_run_s"]
+    record["grad_per_forward"] = record["odeckpt_run_s"] / counts["odeckpt_forward_s"]
     record["compile_ratio"] = record["odeckpt_compile_s"] / record["diffrax_compile_s"]
     record["compile_cpu_ratio"] = record["odeckpt_compile_cpu_s"] / record["diffrax_compile_cpu_s"]
     record["memory_ratio"] = record["odeckpt_temp_bytes"] / max(record["diffrax_temp_bytes"], 1)
@@ -357,6 +368,11 @@ COLUMNS = [
     Column("odeckpt_temp_mib", "temp odeckpt (MiB)", ".3g"),
     Column("diffrax_temp_mib", "temp diffrax (MiB)", ".3g"),
     Column("memory_ratio", "memory ratio", ".2f"),
+    Column("grad_per_forward", "odeckpt grad / forward", ".1f"),
+    Column("odeckpt_lower_s", "trace+lower odeckpt (s)", ".2f"),
+    Column("diffrax_lower_s", "trace+lower diffrax (s)", ".2f"),
+    Column("odeckpt_hlo_lines", "HLO lines odeckpt"),
+    Column("diffrax_hlo_lines", "HLO lines diffrax"),
     Column("grad_rel_diff", "grad rel. diff", ".1e"),
     Column("odeckpt_failed", "odeckpt refused"),
 ]
@@ -366,10 +382,13 @@ Ratios are odeckpt / diffrax (below 1: odeckpt faster or smaller). Each row time
 loss = sum(y(t1)**2) with the named adjoint on both sides. Run time: median of repeated calls
 of the jitted gradient after warm-up. Compile time: `jax.jit(grad).lower(*args).compile()` from
 cleared caches (trace + lower + XLA), median of repeats. Temp: XLA's
-`memory_analysis().temp_size_in_bytes` of the compiled gradient. Steps: accepted+rejected of
-each library's forward solve. "grad rel. diff" is max |g_odeckpt - g_diffrax| / max |g_diffrax|
-over all gradient leaves. Targets (issue 4, default settings): run ratio <= 0.5 (a), <= 0.7
-(b), <= 1.0 (c); compile ratio <= 0.5; memory ratio <= 1.0."""
+`memory_analysis().temp_size_in_bytes` of the compiled gradient; HLO lines: the length of its
+optimized HLO text. Steps: accepted+rejected of
+each library's forward solve. "odeckpt grad / forward": the gradient's run time over that of
+odeckpt's forward solve of the same loss. "grad rel. diff" is max |g_odeckpt - g_diffrax| /
+max |g_diffrax| over all gradient leaves. Targets (issue 36, default settings): run ratio
+<= 0.3 (a, and odeckpt grad / forward <= 4), <= 0.6 (b), <= 0.6 (c); compile ratio <= 0.5;
+memory ratio <= 1.0."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -410,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     for problem_name in options.problems:
         problem = PROBLEMS[problem_name](options.quick)
         print(f"\n#### {problem.name}: {problem.description} ({problem.dtype})")
-        counts = steps(problem)
+        counts = {**steps(problem), "odeckpt_forward_s": forward_run_s(problem, timing_options)}
         for pair in pairs(problem, options.adjoints):
             if f"{problem.name}/{pair.adjoint}" in options.skip:
                 continue
