@@ -97,7 +97,8 @@ def _grad(run, *args):
 def test_matches_unrolled_reference(max_steps):
     args = (jnp.asarray(0.8), jnp.asarray(0.1), _buffers())
     ref = _grad(lambda *a: _reference(*a, max_steps), *args)
-    for kw in [{"checkpoints": c} for c in (1, 3, 40)] + [{}, {"memory_budget": 200}]:
+    options = [{"checkpoints": c} for c in (1, 3, 40)] + [{}, {"memory_budget": 200}]
+    for kw in [*options, {"checkpoints": 3, "pack_state": True}]:
         run = jax.jit(lambda *a, kw=kw: _ours(*a, max_steps, **kw))
         _assert_close(jax.tree.leaves(run(*args)), jax.tree.leaves(_reference(*args, max_steps)))
         _assert_close(_grad(run, *args), ref)
@@ -128,7 +129,7 @@ def test_zero_steps():
 def test_vmap_lockstep_matches_per_lane():
     y0s = jnp.array([0.1, 2.5, 4.0, 6.0])  # the last lane never runs
     args = (jnp.asarray(0.8), y0s, _buffers())
-    for kw in ({"checkpoints": 3}, {}):
+    for kw in ({"checkpoints": 3}, {}, {"checkpoints": 3, "pack_state": True}):
         run = lambda th, y0, b, kw=kw: _ours(th, y0, b, 40, **kw)
         batched = jax.jit(
             jax.vmap(jax.value_and_grad(_loss(run), argnums=(0, 1, 2)), (None, 0, None))

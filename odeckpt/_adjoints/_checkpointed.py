@@ -57,7 +57,7 @@ class EngineForm(eqx.Module):
         """Run the loop by the engine, as `plan` says (a gradient past the recorded decisions
         that the recomputation cannot follow raises with `throw`)."""
         out = bounded_while_loop(
-            self.cond, self.body, self.init, plan=plan, throw=self.loop.throw,
+            self.cond, self.body, self.init, plan=plan, throw=self.loop.throw, pack_state=True,
             **self.engine_args(),
         )  # fmt: skip
         if not self.outputs.groups():

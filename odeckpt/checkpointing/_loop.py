@@ -78,6 +78,13 @@ class EngineLoop:
         sweep checks that each step it reverses ends where the next one began.
     - `throw`: whether a broken chain raises (through `eqx.error_if`) besides turning the
         cotangents NaN.
+    - `pack_state`: whether the snapshot sweeps carry the state packed into one vector per dtype
+        (`_flat.flat_loop`; `bounded_while_loop(pack_state=True)`).
+    - `unraveled`: for a loop over raveled states (`_tree.Raveled`, see `_flat.flat_loop`),
+        the same loop over the states themselves (else `None`). The reverse sweep
+        differentiates its steps, so that each leaf's cotangent stays an array of its own
+        (XLA drops those nobody reads: of the time, of the step size); the cotangents then
+        have the structure of the unraveled state.
     """
 
     step: Callable[..., Stepped]
@@ -88,6 +95,8 @@ class EngineLoop:
     decisions: Any = None
     recorded_steps: int = 0
     throw: bool = False
+    pack_state: bool = False
+    unraveled: "EngineLoop | None" = None
 
     @property
     def tape_length(self) -> int:
@@ -306,7 +315,9 @@ def reverse_body(
     params, xs = inputs.params, inputs.xs
     table = None if binomials is None else BinomialTable(jnp.asarray(binomials, _INT), OPS)
     step = _recorded_step(loop, saved.tape)
-    vjp_step = _vjp_step(loop, inputs, step, want)
+    plain = loop if loop.unraveled is None else loop.unraveled
+    vjp_step = _vjp_step(plain, inputs, _recorded_step(plain, saved.tape), want)
+    tree = (lambda state: state) if loop.unraveled is None else (lambda state: state.unravel())
 
     def advance(end, inner: _Advance) -> _Advance:
         """Step `cur` of the inner loop: store the state in hand if the split says so."""
@@ -334,10 +345,10 @@ def reverse_body(
             going = lambda inner: inner.cur < carry.end - 1
             inner = lax.while_loop(going, partial(advance, carry.end), inner)
         end = carry.end - 1
-        cts, reached = vjp_step(end, inner.held, carry.cts)
+        cts, reached = vjp_step(end, tree(inner.held), carry.cts)
         if loop.checks_chain:
             # the state after step `end`: the one the previous iteration reversed it from
-            after = _tree.where(first, saved.final, carry.held)
+            after = tree(_tree.where(first, saved.final, carry.held))
             agree = _tree.agree(reached, after, carry.cts.init)
             chained = (end < loop.recorded_steps) | agree
             init = cts.init

@@ -16,6 +16,7 @@ from jax import lax
 
 from .._autodiff import Sweeps, _tree, differentiable
 from . import _loop, _offload
+from ._flat import flat_inputs, flat_loop, flat_out
 from ._loop import EngineLoop, LoopInputs
 from ._vmap import any_lane
 from .schedules import Plan
@@ -74,20 +75,38 @@ def check_plan(plan, where: str, maker: str, snapshot_bytes: int, steps: int | N
         )
 
 
+def _flat(sweeps: Sweeps) -> Sweeps:
+    """`sweeps` of a `flat_loop`, taking and returning the loop's own states."""
+
+    def forward(inputs: LoopInputs):
+        out, saved = sweeps.forward(flat_inputs(inputs))
+        return flat_out(out), saved
+
+    def reverse(inputs: LoopInputs, saved, ct_out, want: LoopInputs) -> LoopInputs:
+        # The reverse sweep's cotangents have the structure of the loop's own states.
+        return sweeps.reverse(flat_inputs(inputs), saved, ct_out, want)
+
+    return Sweeps(forward, reverse)
+
+
 def _snapshots(loop: EngineLoop, plan: Plan) -> Sweeps:
     """The states and binomial regimes: the schedule's snapshots, replayed backwards."""
+    packed = loop.pack_state
+    if packed:
+        loop = flat_loop(loop)
     schedule, c = plan.schedule, plan.checkpoints
     # In the states regime every state is stored: nothing to split or advance.
     binomials = None
     if plan.regime == "binomial":
         assert schedule is not None  # planned in the binomial regime
         binomials = schedule.binomials
-    return Sweeps(
+    sweeps = Sweeps(
         lambda inputs: _loop.forward(loop, inputs, schedule),
         lambda inputs, saved, ct_out, want: _loop.reverse(
             loop, inputs, saved, ct_out, c, binomials, want
         ),
     )
+    return _flat(sweeps) if packed else sweeps
 
 
 def _offloaded(loop: EngineLoop, plan: Plan) -> Sweeps:

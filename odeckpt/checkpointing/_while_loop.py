@@ -126,7 +126,7 @@ def bounded_while_loop(
     memory_budget: int | str | dict[str, int | str] | None = None, outputs: Any = None,
     online: bool | None = None, snapshot: tuple[Callable, Callable] | None = None,
     record_decisions: bool | int = False, offload: Literal["host"] | None = None,
-    plan: Plan | None = None, throw: bool = False,
+    plan: Plan | None = None, throw: bool = False, pack_state: bool = False,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -179,6 +179,11 @@ def bounded_while_loop(
         in `val` (a count of the branches taken, say) to be seen.
     - `throw`: with `True`, a recomputation past the record that decides otherwise also
         raises (through `eqx.error_if`, when the gradient is evaluated).
+    - `pack_state`: with `True`, the differentiated run carries `val` packed into one vector per
+        dtype: fewer copies, stores and restores per step (XLA runs one kernel per array it
+        moves), which pays for a state of many small leaves. The values are the same; under
+        `vmap`, leaves of one dtype are batched together, so a leaf `vmap` would leave
+        unbatched comes out batched.
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -259,7 +264,7 @@ def bounded_while_loop(
     loop, params = engine_loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
-    loop = dataclasses.replace(loop, throw=throw)
+    loop = dataclasses.replace(loop, throw=throw, pack_state=pack_state)
     if plan is not None:
         make_plan = lambda: plan
     elif budget.sizes_residuals:
