@@ -256,7 +256,7 @@ _CACHED = textwrap.dedent(
     import json, sys, jax, jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_compilation_cache_dir", sys.argv[1])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     import odeckpt
     from problems import lotka_volterra
     hits = []
