@@ -9,6 +9,7 @@ compilation cache can store it (see docs/failures.md).
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator, Sequence
 
 import equinox as eqx
@@ -32,14 +33,16 @@ def failures_on_host() -> Iterator[None]:
 
 
 def on_host() -> bool:
-    """Whether failures are being recorded for `odeckpt.jit` (see `failures_on_host`)."""
-    return _ON_HOST.get()
+    """Whether failures are being recorded for `odeckpt.jit` (see `failures_on_host`): while it
+    traces, unless equinox's `EQX_ON_ERROR` asks for another behaviour than raising (`nan`,
+    `off`: no callback either; `breakpoint`: a debugger, through its callback)."""
+    return _ON_HOST.get() and os.environ.get("EQX_ON_ERROR", "raise") == "raise"
 
 
 def error_if(token, pred: BoolScalar, message: str):
     """`token` unchanged; a run-time error with `message` where `pred` holds (any lane under
     `vmap`). Always rebind the result: under a plain `jit` the check lives on its data path."""
-    if _ON_HOST.get():
+    if on_host():
         checkify.check(~jnp.asarray(pred), _literal(message))
         return token
     return eqx.error_if(token, pred, message)
@@ -47,7 +50,7 @@ def error_if(token, pred: BoolScalar, message: str):
 
 def branched_error_if(token, pred: BoolScalar, index, messages: Sequence[str]):
     """`token` unchanged; a run-time error with `messages[index]` where `pred` holds."""
-    if _ON_HOST.get():
+    if on_host():
         pred = jnp.asarray(pred)
         for i, message in enumerate(messages):
             checkify.check(~(pred & (index == i)), _literal(message))

@@ -319,6 +319,9 @@ sol = odeckpt.solve(lambda t, y, a: -y, jnp.array([1.0 + 1j]), (0.0, 1.0), max_s
 assert np.all(np.isnan(sol.ys.real)) and np.all(np.isnan(sol.ys.imag)), sol.ys
 g = jax.grad(lambda k: odeckpt.solve(f, jnp.ones(1), (0.0, 1.0), k).ys.sum())(1.0)
 assert np.isnan(g), g
+# odeckpt.jit honours it too (NaN outputs, no raise, no callback)
+final = odeckpt.jit(lambda k: odeckpt.solve(f, jnp.ones(1), (0.0, 1.0), k).ys)
+assert np.all(np.isnan(final(1.0))) and "callback" not in final.lower(1.0).as_text()
 print("ok")
 """
 
