@@ -92,7 +92,7 @@ class _Compiled:
 
     def __init__(self, fun, static_argnums: tuple[int, ...], static_argnames, jit_options):
         self._fun = fun
-        names = _parameter_names(fun)
+        self._names = names = _parameter_names(fun)
         # As `jax.jit`: a static argument may be named by position or by name, and passed
         # either way.
         self._static_argnums = frozenset(
@@ -135,7 +135,7 @@ class _Compiled:
     def _fixed_positions(self, count: int, kwargs: dict) -> set[int]:
         """The positions of the static arguments among `count` positional ones; raises for a
         `static_argnums` entry that names no argument of the call."""
-        names = _parameter_names(self._fun)
+        names = self._names
         for i in self._static_argnums:
             passed = -count <= i < count or (0 <= i < len(names) and names[i] in kwargs)
             if not passed:

@@ -10,7 +10,8 @@ from ._types import BoolScalar
 
 
 def raise_if_failed(status: Status, tree, note: dict[str, str] | None = None):
-    """`tree` unchanged; raises at run time (through `eqx.error_if`) if the solve failed. Under
+    """`tree` unchanged; raises at run time (through `Status.error_if`, so as `_errors` decides:
+    a host callback, or after the call under `odeckpt.jit`) if the solve failed. Under
     `EQX_ON_ERROR=nan` its inexact leaves are NaN instead. `note` appends text to the messages
     of the outcomes it names (see `Status.error_if`).
 

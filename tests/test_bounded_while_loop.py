@@ -814,3 +814,8 @@ def test_a_large_max_steps_costs_no_table_over_the_steps(max_steps, checkpoints)
     assert peak < 32 * 2**20, peak
     ref = jax.grad(lambda x: jax.lax.fori_loop(0, 7, lambda _, y: jnp.sin(y) * 1.1, x))(1.0)
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(1.0), ref, rtol=1e-14)
+
+
+def test_pack_state_must_be_a_bool():
+    with pytest.raises(TypeError, match="pack_state='yes' must be True or False"):
+        bounded_while_loop(lambda v: v < 1.0, lambda v: v + 1.0, 0.0, max_steps=3, pack_state="yes")

@@ -76,7 +76,7 @@ class EngineLoop:
     - `recorded_steps`: with `decisions`, how many leading steps' records the forward run
         keeps. Past them the recomputation decides afresh (`recorded=None`), and the reverse
         sweep checks that each step it reverses ends where the next one began.
-    - `throw`: whether a broken chain raises (through `eqx.error_if`) besides turning the
+    - `throw`: whether a broken chain raises (through `_errors.error_if`) besides turning the
         cotangents NaN.
     - `pack_state`: whether the snapshot sweeps carry the state packed into one vector per dtype
         (`_flat.flat_loop`; `bounded_while_loop(pack_state=True)`).

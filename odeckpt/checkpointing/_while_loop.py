@@ -178,7 +178,8 @@ def bounded_while_loop(
         decision that changes nothing but the step's writes to `outputs` must leave a trace
         in `val` (a count of the branches taken, say) to be seen.
     - `throw`: with `True`, a recomputation past the record that decides otherwise also
-        raises (through `eqx.error_if`, when the gradient is evaluated).
+        raises when the gradient is evaluated (through a host callback, or after the call under
+        `odeckpt.jit`).
     - `pack_state`: with `True`, the differentiated run carries `val` packed into one vector per
         dtype: fewer copies, stores and restores per step (XLA runs one kernel per array it
         moves), which pays for a state of many small leaves. The values are the same; under
@@ -264,6 +265,8 @@ def bounded_while_loop(
     loop, params = engine_loop(
         cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
     )
+    if not isinstance(pack_state, bool):
+        raise TypeError(f"pack_state={pack_state!r} must be True or False. Fix: pass a bool.")
     loop = dataclasses.replace(loop, throw=throw, pack_state=pack_state)
     if plan is not None:
         make_plan = lambda: plan
