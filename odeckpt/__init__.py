@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         InterpolatingAdjoint as InterpolatingAdjoint,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
     )
+    from ._ensemble import ensemble as ensemble
     from ._jit import jit as jit
     from ._loop import (
         AbstractAdaptiveController as AbstractAdaptiveController,
@@ -89,6 +90,7 @@ _PUBLIC = {
     "._memory": ("CompiledMemory", "MemoryReport", "compiled_memory", "memory_report"),
     "._saveat": ("SaveAt",),
     "._solution": ("Solution", "Stats"),
+    "._ensemble": ("ensemble",),
     "._jit": ("jit",),
     "._solve": ("solve",),
     "._status": ("Status",),

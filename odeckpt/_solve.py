@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _habits as habits, _validate as validate
-from ._adjoints import ADJOINTS, AbstractAdjoint
+from ._adjoints import ADJOINTS, AbstractAdjoint, GradientStats
 from ._checks import count, tightest
 from ._error_norm import below_resolution
 from ._errors import on_host
@@ -127,6 +127,36 @@ def solve(
     ```
     """
     habits.check_call(unexpected_positional, unexpected_keywords)
+    problem, options, invalid = prepare(
+        f, y0, t_span, args, solver=solver, adjoint=adjoint, rtol=rtol, atol=atol, dt0=dt0,
+        controller=controller, saveat=saveat, max_steps=max_steps, throw=throw,
+        progress=progress, event=event, jump_ts=jump_ts,
+    )  # fmt: skip
+    return validate.with_traced_numbers(
+        args, lambda args: _solve(dataclasses.replace(problem, args=args), options, invalid)
+    )
+
+
+class Problem(eqx.Module):
+    """One solve's inputs, checked: the vector field `f`, `y0`, the span `t0`, `t1`, the save
+    times `ts` and known discontinuities `jump_ts` (or `None`) and `args`."""
+
+    f: VectorField
+    y0: Y
+    t0: Scalar
+    t1: Scalar
+    ts: jax.Array | None
+    args: Args
+    jump_ts: jax.Array | None
+
+
+def prepare(
+    f, y0, t_span, args, *, solver, adjoint, rtol, atol, dt0, controller, saveat, max_steps,
+    throw, progress, event, jump_ts,
+) -> tuple[Problem, "Options", jax.Array | None]:  # fmt: skip
+    """`solve`'s arguments checked (raising, naming the fix, at call time where possible):
+    the `Problem`, the `Options`, and whether a traced input failed its check (`None` when
+    none is traced or `throw=True`, which raises instead)."""
     if t_span is None:
         raise TypeError("solve() needs the time span. Fix: `solve(f, y0, (t0, t1), args)`.")
     habits.check_signature(f)
@@ -170,16 +200,14 @@ def solve(
         num_steps = constant_step_count(
             t0_value, t1_value, dt_value, ts_value, per_step, t0.dtype, max_steps, jumps_value
         )
-    options = _Options(
+    options = Options(
         stepper, adjoint, controller, saveat, dt0, max_steps, throw, progress, direction,
         num_steps, _failure_notes(y0), ts is not None and ts_value is None, events, on_host(),
     )  # fmt: skip
-    return validate.with_traced_numbers(
-        args, lambda args: _solve(f, y0, t0, t1, ts, args, options, jumps, checks.failed())
-    )
+    return Problem(f, y0, t0, t1, ts, args, jumps), options, checks.failed()
 
 
-class _Options(eqx.Module):
+class Options(eqx.Module):
     """Everything about a solve that is not an input array (static under `jit`, except any
     arrays inside the stepper, adjoint or controller)."""
 
@@ -226,50 +254,87 @@ def _failure_notes(y0: Y) -> tuple[tuple[str, str], ...]:
 
 
 @eqx.filter_jit
-def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts, invalid_inputs):
-    _check_functions(f, options.events, t0, y0, args)  # once per compiled program
-    stepper, adjoint, controller, saveat = (
-        options.stepper,
-        options.adjoint,
-        options.controller,
-        options.saveat,
-    )
-    dt0, max_steps, direction = options.dt0, options.max_steps, options.direction
-    if direction is None:
-        direction = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
-    tau0, tau_end = direction * t0, direction * t1
-    save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
-    loop = IntegrationLoop(
-        f=vector_field_in_internal_time(f, direction),
-        args=args,
-        stepper=stepper,
-        controller=controller,
-        t_end=tau_end,
-        ts=None if save_times is None else save_times.ts,
-        saveat=saveat,
-        max_steps=max_steps,
-        progress=ProgressMeter(tau0, tau_end, ProgressBar()) if options.progress else None,
-        num_steps=options.num_steps,
-        throw=options.throw,
-        events=None if options.events is None else EventSet(options.events, direction),
-        jump_ts=None if jump_ts is None else jnp.sort(direction * jump_ts),
-    )
-    dt = None if dt0 is None else jnp.abs(jnp.asarray(dt0, t0.dtype))
-    init, init_evals = loop.init_state(tau0, y0, dt)
+def _solve(problem: Problem, options: Options, invalid_inputs: jax.Array | None) -> Solution:
+    _check_functions(problem.f, options.events, problem.t0, problem.y0, problem.args)
+    setup = Setup.make(problem, options)
+    init, init_evals = setup.loop.init_state(setup.tau0, problem.y0, setup.dt)
     if invalid_inputs is not None:
         init = dataclasses.replace(init, status=_unless_invalid(invalid_inputs, init.status))
-    result = adjoint.run(loop, init, loop.init_outputs(init))
-    state = result.state
-    status = loop.final_status(state)
+    result = options.adjoint.run(setup.loop, init, setup.loop.init_outputs(init))
+    return finish(
+        problem, options, setup, result.state, result.outputs, result.stats, init_evals,
+        invalid_inputs,
+    )  # fmt: skip
+
+
+class Setup(eqx.Module):
+    """What a solve runs: the integration `loop` (in internal time `direction * t`), its start
+    `tau0`, first step size `dt` (`None`: chosen), and the distinct `save_times`."""
+
+    loop: IntegrationLoop
+    tau0: Scalar
+    dt: Scalar | None
+    save_times: DistinctSaveTimes | None
+    direction: Scalar | float
+
+    @classmethod
+    def make(
+        cls, problem: Problem, options: Options, save_times: DistinctSaveTimes | None = None
+    ) -> "Setup":
+        """The setup of `problem`; with its `save_times` when they are known already (made
+        once for many trajectories)."""
+        f, t0, t1, ts, jump_ts = problem.f, problem.t0, problem.t1, problem.ts, problem.jump_ts
+        direction = cls.direction_of(problem, options)
+        tau0, tau_end = direction * t0, direction * t1
+        if save_times is None and ts is not None:
+            save_times = DistinctSaveTimes.make(direction * ts)
+        loop = IntegrationLoop(
+            f=vector_field_in_internal_time(f, direction),
+            args=problem.args,
+            stepper=options.stepper,
+            controller=options.controller,
+            t_end=tau_end,
+            ts=None if save_times is None else save_times.ts,
+            saveat=options.saveat,
+            max_steps=options.max_steps,
+            progress=ProgressMeter(tau0, tau_end, ProgressBar()) if options.progress else None,
+            num_steps=options.num_steps,
+            throw=options.throw,
+            events=None if options.events is None else EventSet(options.events, direction),
+            jump_ts=None if jump_ts is None else jnp.sort(direction * jump_ts),
+        )
+        dt = None if options.dt0 is None else jnp.abs(jnp.asarray(options.dt0, t0.dtype))
+        return cls(loop, tau0, dt, save_times, direction)
+
+    @staticmethod
+    def direction_of(problem: Problem, options: Options) -> Scalar | float:
+        """The direction of integration: `1.0` or `-1.0` (traced when the span is)."""
+        if options.direction is not None:
+            return options.direction
+        return jnp.where(problem.t1 >= problem.t0, 1.0, -1.0).astype(problem.t0.dtype)
+
+
+def finish(
+    problem: Problem, options: Options, setup: Setup, state: LoopState, outputs: Outputs,
+    gradient_stats: GradientStats, init_evals: int, invalid_inputs: jax.Array | None,
+) -> Solution:  # fmt: skip
+    """The `Solution` of a run that ended in `state` with `outputs`: its status (raising with
+    `throw=True`), the saved values (with NaN derivatives if the solve failed) and stats."""
+    f, y0, t0, t1, ts, args = (
+        problem.f, problem.y0, problem.t0, problem.t1, problem.ts, problem.args
+    )  # fmt: skip
+    status = setup.loop.final_status(state)
     if invalid_inputs is not None:
         status = _unless_invalid(invalid_inputs, status)
     rate = (lambda t, y: f(t, y, args)) if options.ts_traced else None
-    collected = _collect(saveat, direction, t0, y0, ts, save_times, rate, state, result.outputs)
-    inputs = (f, y0, t0, t1, ts, args, jump_ts)
-    outputs = nan_derivatives_if(status != Status.successful, collected, inputs)
+    collected = _collect(
+        options.saveat, setup.direction, t0, y0, ts, setup.save_times, rate, state, outputs
+    )
+    inputs = (f, y0, t0, t1, ts, args, problem.jump_ts)
+    collected = nan_derivatives_if(status != Status.successful, collected, inputs)
     if options.throw:
-        outputs = raise_if_failed(status, outputs, dict(options.failure_notes))
-    ts_out, ys_out, dense = outputs
+        collected = raise_if_failed(status, collected, dict(options.failure_notes))
+    ts_out, ys_out, dense = collected
     stats = Stats(
         num_steps=state.num_steps,
         num_accepted_steps=state.num_accepted,
@@ -277,10 +342,10 @@ def _solve(f, y0, t0, t1, ts, args, options: _Options, jump_ts, invalid_inputs):
         num_fn_evals=init_evals + state.num_fn_evals,
         num_jacobian_evals=state.num_jacobian_evals,
         num_lu_factorisations=state.num_lu_factorisations,
-        num_checkpoints=result.stats.num_checkpoints,
-        num_recomputed_steps=result.stats.num_recomputed_steps,
+        num_checkpoints=gradient_stats.num_checkpoints,
+        num_recomputed_steps=gradient_stats.num_recomputed_steps,
         rtol_clamped=_rtol_clamped(options, y0),
-        max_steps=max_steps,
+        max_steps=options.max_steps,
     )
     event = None if state.events is None else state.events.event
     return Solution(
@@ -410,7 +475,7 @@ def _held_rtols(controller, stepper, adjoint) -> list[tuple[str, Tolerance]]:
     return held
 
 
-def _rtol_clamped(options: _Options, y0: Y) -> BoolScalar:
+def _rtol_clamped(options: Options, y0: Y) -> BoolScalar:
     """Whether an `rtol` that steps are held to is below the resolution of the state, so that
     the steps are held to that resolution instead (`resolvable_rtol`)."""
     held = _held_rtols(options.controller, options.stepper, options.adjoint)

@@ -126,6 +126,11 @@ class Status(eqx.Module):
         return cls(jnp.where(pred, a._value, b._value))
 
     @classmethod
+    def names(cls) -> list[str]:
+        """The name of every outcome, in the order of their numbers."""
+        return _outcomes(cls)
+
+    @classmethod
     def messages(cls) -> list[str]:
         """The message of every outcome, in the order of their numbers."""
         return [vars(cls)[name].message for name in _outcomes(cls)]
@@ -150,6 +155,24 @@ class Status(eqx.Module):
         if np.ndim(names) == 0:
             return messages[str(names)]
         return "\n".join(f"{name}: {messages[name]}" for name in distinct if messages[name])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of an array of statuses (`()` for one)."""
+        return tuple(np.shape(self._value))
+
+    def __getitem__(self, index) -> "Status":
+        """The status (or statuses) at `index` of an array of them (one per lane under
+        `vmap`, one per trajectory of an ensemble)."""
+        return type(self)(self._value[index])
+
+    def first_failure(self) -> "Status":
+        """The first status of an array of them that is not `successful` (`successful` if
+        none is); itself for one status."""
+        values = jnp.ravel(jnp.asarray(self._value))
+        failed = values != _outcomes(type(self)).index("successful")
+        first = jnp.argmax(failed)
+        return type(self)(jnp.where(jnp.any(failed), values[first], values[0]))
 
     def error_if(self, token, pred, *, note: dict[str, str] | None = None):
         """`token`, raising at run time with this status's message if `pred` holds.

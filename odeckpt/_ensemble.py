@@ -1,0 +1,327 @@
+"""The ensemble front door: `odeckpt.ensemble`, many trajectories of one problem at once."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _validate as validate
+from ._adjoints import GradientStats
+from ._fused import KernelSettings, Start, Trajectory, Unsupported, run_ensemble
+from ._loop import DistinctSaveTimes, Event, Outputs
+from ._on_failure import raise_if_failed
+from ._saveat import SaveAt
+from ._solution import Solution
+from ._solve import Options, Problem, Setup, finish, prepare, solve
+from ._status import Status
+from ._steppers import AbstractStepper, Tsit5
+from ._types import Args, Tolerance, VectorField, Y
+
+BACKENDS = ("auto", "fused", "vmap")
+
+
+def ensemble(
+    f: VectorField,
+    y0: Y,
+    t_span=None,
+    args: Args = None,
+    *,
+    args_axes=0,
+    solver: AbstractStepper | str = Tsit5(),
+    rtol: Tolerance | None = None,
+    atol: Tolerance | None = None,
+    dt0=None,
+    controller=None,
+    saveat: SaveAt | jax.Array | np.ndarray | None = None,
+    max_steps: int = 4096,
+    throw: bool = True,
+    event: Event | tuple[Event, ...] | None = None,
+    backend: str = "auto",
+    lanes_per_block: int | None = None,
+) -> Solution:
+    """Solve many trajectories of `dy/dt = f(t, y, args)` at once: one per row of `y0` (and of
+    the per-trajectory leaves of `args`), each with its own adaptive steps.
+
+    The result is that of `jax.vmap(odeckpt.solve)` over the trajectories, step for step. On a
+    GPU it is computed by one fused kernel (`backend="fused"`, the default there for explicit
+    steppers): each trajectory is one lane of the kernel, its state and stages held in
+    registers, stepping until it ends while its neighbours go on. Elsewhere, and for what the
+    kernel does not run (implicit steppers, events, dense output, complex states), the
+    `jax.vmap(solve)` path computes it (`backend="vmap"`).
+
+    Derivatives (`jax.jvp`, `jax.jacfwd`, `jax.grad`, `jax.jacrev`) with respect to `y0` and
+    `args` are those of the discrete solve, as every adjoint of `solve` computes them. The
+    fused kernel computes them by forward sensitivities in the same kernel, one direction per
+    differentiated input component of one trajectory (`y0`, its own `args`, the shared `args`):
+    meant for small systems with a handful of parameters. It does not differentiate the times
+    or tolerances (a `ValueError` says so; `backend="vmap"` does).
+
+    **Arguments:**
+
+    - `f`, `t_span`, `solver`, `rtol`, `atol`, `dt0`, `controller`, `saveat`, `max_steps`,
+        `event`: as for `odeckpt.solve`, shared by every trajectory.
+    - `y0`: the initial states, each leaf with a leading axis of trajectories.
+    - `args`: the parameters; `args_axes` says, as `jax.vmap`'s `in_axes` for it, which leaves
+        hold one row per trajectory along an axis (`0`, the default: every leaf) and which are
+        shared (`None`).
+    - `throw`: raise if any trajectory fails, naming the trajectories (outside `jit`; under
+        `jit`, with the first failure's message). With `False`, `sol.status` holds one status
+        per trajectory; a failed trajectory's derivatives are NaN, the others' are exact.
+    - `backend`: `"auto"` (fused on a GPU when the problem allows it, else `"vmap"`),
+        `"fused"` (the kernel; raises naming what it cannot run; off a GPU it runs in Pallas'
+        interpret mode, slowly: for tests), or `"vmap"`.
+    - `lanes_per_block`: trajectories per program instance of the kernel (a power of two;
+        `None`: 128 on a GPU).
+
+    **Returns:**
+
+    A `Solution` whose every leaf has a leading axis of trajectories.
+
+    **Example:**
+
+    ```python
+    import jax
+    import jax.numpy as jnp
+    import odeckpt
+
+    def lorenz(t, y, args):
+        sigma, rho, beta = args
+        return jnp.stack([sigma * (y[1] - y[0]), y[0] * (rho - y[2]) - y[1],
+                          y[0] * y[1] - beta * y[2]])
+
+    n = 64
+    params = jnp.array([10.0, 28.0, 8 / 3]) * (1 + 0.1 * jax.random.uniform(
+        jax.random.PRNGKey(0), (n, 3)))
+    y0 = jnp.tile(jnp.array([1.0, 0.0, 0.0]), (n, 1))
+    sol = odeckpt.ensemble(lorenz, y0, (0.0, 1.0), params, rtol=1e-8, atol=1e-8)
+    sol.ys.shape  # (64, 1, 3): the state at t1 of each trajectory
+    ```
+
+    **References:** U. Utkarsh, V. Churavy, Y. Ma, T. Besard, P. Srisuma, T. Gymnich,
+    A. R. Gerlach, A. Edelman, G. Barbastathis, R. D. Braatz, C. Rackauckas, "Automated
+    translation and accelerated solving of differential equations on multiple GPU platforms",
+    *Comput. Methods Appl. Mech. Engrg.* 419 (2024) 116591 (one trajectory per GPU thread).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}. Fix: pass e.g. 'auto'.")
+    if t_span is None:
+        raise TypeError("ensemble() needs the time span. Fix: `ensemble(f, y0, (t0, t1), args)`.")
+    y0 = validate.as_state(y0)
+    count = _trajectories(y0)
+    axes = _args_axes(args_axes, args, count)
+    keywords = dict(
+        solver=solver, rtol=rtol, atol=atol, dt0=dt0, controller=controller, saveat=saveat,
+        max_steps=max_steps, event=event,
+    )  # fmt: skip
+    if backend == "vmap" or (backend == "auto" and jax.default_backend() != "gpu"):
+        sol = _vmapped(f, y0, t_span, args, axes, keywords)
+        return _raised(sol, throw)
+    lane_args, shared = _split(args, axes)
+    example = jax.tree.map(lambda x: jnp.zeros_like(x[0]), y0)
+    example_args = _Combine(jax.tree.structure(args))(
+        jax.tree.map(lambda x: x[0], lane_args), shared
+    )
+    problem, options, invalid = prepare(
+        f, example, t_span, example_args, adjoint="recursive", throw=throw, progress=False,
+        jump_ts=None, **keywords,
+    )  # fmt: skip
+    reason = unsupported(options, y0, backend)
+    if reason is not None:
+        if backend == "fused":
+            raise ValueError(
+                f"The fused ensemble kernel cannot run this problem: {reason}. Fix: pass "
+                "`backend='vmap'` (or 'auto', which chooses it)."
+            )
+        return _raised(_vmapped(f, y0, t_span, args, axes, keywords), throw)
+    validate.check_vector_field(f, problem.t0, example, example_args)
+    settings = _settings(lanes_per_block, count)
+    try:
+        sol = _fused(
+            problem, options, invalid, y0, lane_args, shared, _Combine(jax.tree.structure(args)),
+            settings,
+        )  # fmt: skip
+    except Unsupported as error:
+        raise ValueError(str(error)) from None
+    return _raised(sol, throw)
+
+
+def unsupported(options: Options, y0: Y, backend: str) -> str | None:
+    """Why the fused kernel cannot run a solve with these options and `y0`, or `None`."""
+    stepper = options.stepper
+    if stepper.implicit or stepper.multistep:
+        return (
+            f"the {type(stepper).__name__} stepper solves its stages with Newton's method or "
+            "keeps a history (explicit one-step steppers only: Tsit5, Dopri5, Dopri8, Bosh3, "
+            "RK4, ...)"
+        )
+    if options.events is not None:
+        return "events locate their crossings by a root finder, which the kernel does not run"
+    if options.saveat.steps or options.saveat.dense:
+        return "SaveAt(steps=True) and SaveAt(dense=True) keep max_steps rows per trajectory"
+    for leaf in jax.tree.leaves(y0):
+        if leaf.dtype not in (jnp.float32, jnp.float64):
+            return f"the state has dtype {leaf.dtype} (float32 and float64 only)"
+    platform = jax.default_backend()
+    if backend != "vmap" and platform not in ("gpu", "cpu"):
+        return f"the kernel is written for GPUs (Pallas' Triton backend), not {platform}"
+    return None
+
+
+def _trajectories(y0: Y) -> int:
+    sizes = {jnp.shape(leaf)[0] if jnp.ndim(leaf) else None for leaf in jax.tree.leaves(y0)}
+    if None in sizes or len(sizes) != 1 or 0 in sizes:
+        raise ValueError(
+            "ensemble() takes y0 with a leading axis of trajectories on every leaf, of one "
+            f"length (got leading sizes {sorted(str(s) for s in sizes)}). Fix: stack the "
+            "initial states, e.g. `jnp.stack([y0_a, y0_b])` or `jnp.tile(y0, (n, 1))`."
+        )
+    return sizes.pop()
+
+
+def _args_axes(args_axes, args: Args, count: int):
+    """`args_axes` broadcast to every leaf of `args` (0 or None each), checked."""
+    try:
+        axes = jax.tree.broadcast(args_axes, args, is_leaf=lambda x: x is None)
+    except ValueError:
+        raise ValueError(
+            f"args_axes={args_axes!r} does not match the structure of args. Fix: pass 0 "
+            "(every leaf per trajectory), None (all shared) or a pytree like args of 0 and None."
+        ) from None
+    for axis, leaf in _pairs(axes, args):
+        if axis is None:
+            continue
+        if axis != 0:
+            raise ValueError(
+                f"args_axes holds {axis!r}; the ensemble takes 0 (a leaf with one row per "
+                "trajectory) or None (shared). Fix: move that axis first (`jnp.moveaxis`)."
+            )
+        if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] != count:
+            raise ValueError(
+                f"An args leaf of shape {jnp.shape(leaf)} is marked per trajectory (axis 0) but "
+                f"there are {count} trajectories. Fix: give it a leading axis of {count}, or "
+                "mark it shared with None in args_axes."
+            )
+    return axes
+
+
+def _pairs(axes, args) -> list:
+    leaves, tree = jax.tree.flatten(args)
+    return list(zip(tree.flatten_up_to(axes), leaves, strict=True))
+
+
+def _split(args: Args, axes) -> tuple[list, list]:
+    """The leaves of `args` as two lists of one length: the per-trajectory ones (`None` where
+    shared) and the shared ones (`None` where per trajectory)."""
+    pairs = _pairs(axes, args)
+    lane = [leaf if axis is not None else None for axis, leaf in pairs]
+    shared = [leaf if axis is None else None for axis, leaf in pairs]
+    return lane, shared
+
+
+@dataclasses.dataclass(frozen=True)
+class _Combine:
+    """`combine(lane, shared)`: the `args` of one trajectory (of structure `tree`) from its own
+    leaves and the shared ones, two lists like those of `_split` (`lane` may be `None`: the
+    shared leaves only, `None` elsewhere). Hashable, so that the compiled ensemble is reused."""
+
+    tree: jax.tree_util.PyTreeDef
+
+    def __call__(self, lane: list | None, shared: list) -> Args:
+        if lane is None:
+            lane = [None] * len(shared)
+        merged = [s if own is None else own for own, s in zip(lane, shared, strict=True)]
+        return jax.tree.unflatten(self.tree, merged)
+
+
+def _vmapped(f, y0: Y, t_span, args: Args, axes, keywords: dict) -> Solution:
+    one = lambda y, a: solve(f, y, t_span, a, throw=False, **keywords)
+    return jax.vmap(one, in_axes=(0, axes))(y0, args)
+
+
+def _settings(lanes_per_block: int | None, count: int) -> KernelSettings:
+    interpret = jax.default_backend() != "gpu"
+    if lanes_per_block is None:
+        lanes_per_block = min(128, 1 << max(count - 1, 0).bit_length()) if interpret else 128
+    if lanes_per_block < 1 or lanes_per_block & (lanes_per_block - 1):
+        raise ValueError(
+            f"lanes_per_block={lanes_per_block} must be a power of two. Fix: pass e.g. 128."
+        )
+    return KernelSettings(lanes_per_block, interpret, max(1, min(8, lanes_per_block // 32)))
+
+
+class _Uniform(eqx.Module):
+    """The arrays every trajectory shares: the span, save times (as given, and distinct in
+    internal time) and the options' arrays."""
+
+    t0: jax.Array
+    t1: jax.Array
+    ts: jax.Array | None
+    save_times: DistinctSaveTimes | None
+    options: Options
+
+
+@eqx.filter_jit
+def _fused(
+    problem: Problem, options: Options, invalid, y0: Y, lane_args: list, shared: list, combine,
+    settings: KernelSettings,
+) -> Solution:  # fmt: skip
+    f = problem.f
+    arrays, static = eqx.partition(options, eqx.is_array)
+    ts = problem.ts
+    direction = Setup.direction_of(problem, options)
+    save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
+    uniform = _Uniform(problem.t0, problem.t1, ts, save_times, arrays)
+
+    def start(args, uniform: _Uniform) -> Start:
+        one = Problem(f, None, uniform.t0, uniform.t1, uniform.ts, args, None)
+        setup = Setup.make(one, eqx.combine(uniform.options, static), uniform.save_times)
+        return Start(setup.loop, setup.tau0, setup.dt)
+
+    ran = run_ensemble(Trajectory(start, combine, settings), y0, lane_args, shared, uniform)
+    quiet = dataclasses.replace(options, throw=False)
+
+    def finished(y0, lane_leaves, state, rows, times):
+        t0, t1, ts = times
+        one = Problem(f, y0, t0, t1, ts, combine(lane_leaves, shared), None)
+        setup = Setup.make(one, quiet, save_times)
+        _, init_evals = setup.loop.init_state(setup.tau0, y0, setup.dt)  # its count only
+        zero = jnp.zeros((), jnp.int32)
+        return finish(
+            one, quiet, setup, state, Outputs(ts=rows), GradientStats(zero, zero), init_evals,
+            invalid,
+        )  # fmt: skip
+
+    # The times enter once per trajectory, as in `jax.vmap(solve)`'s outputs: a saved time
+    # shared by all would have per-trajectory derivatives (NaN where one failed).
+    n = jax.tree.leaves(y0)[0].shape[0]
+    times = jax.tree.map(
+        lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), (problem.t0, problem.t1, ts)
+    )
+    return jax.vmap(finished)(y0, lane_args, ran.state, ran.rows, times)
+
+
+def _raised(sol: Solution, throw: bool) -> Solution:
+    """`sol`, raising if `throw` and a trajectory failed: naming the trajectories when the
+    statuses are known (outside `jit`), else with the first failure's message."""
+    if not throw:
+        return sol
+    status = sol.status
+    if not status.is_traced():
+        failed = np.flatnonzero(np.asarray(status != Status.successful))
+        if failed.size:
+            shown = ", ".join(str(i) for i in failed[:10]) + (" ..." if failed.size > 10 else "")
+            first = status[int(failed[0])]
+            raise eqx.EquinoxRuntimeError(
+                f"{failed.size} of {status.shape[0]} trajectories failed (trajectory {shown}). "
+                f"Trajectory {failed[0]}: {first!r}. {first.message}"
+            )
+        return sol
+    note = (
+        " (The first failed trajectory of the ensemble. Fix: pass `throw=False` and read "
+        "`jnp.flatnonzero(sol.status != odeckpt.Status.successful)` for which failed.)"
+    )
+    notes = {name: note for name in Status.names() if name != "successful"}
+    ys = raise_if_failed(status.first_failure(), sol.ys, notes)
+    return dataclasses.replace(sol, ys=ys)
