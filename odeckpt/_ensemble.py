@@ -1,6 +1,7 @@
 """The ensemble front door: `odeckpt.ensemble`, many trajectories of one problem at once."""
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -115,40 +116,54 @@ def ensemble(
         solver=solver, rtol=rtol, atol=atol, dt0=dt0, controller=controller, saveat=saveat,
         max_steps=max_steps, event=event,
     )  # fmt: skip
-    if backend == "vmap" or (backend == "auto" and jax.default_backend() != "gpu"):
-        sol = _vmapped(f, y0, t_span, args, axes, keywords)
-        return _raised(sol, throw)
+    call = None
+    if backend == "fused" or (backend == "auto" and jax.default_backend() == "gpu"):
+        call = fused_call(
+            f, y0, t_span, args, axes, keywords, throw=throw, backend=backend,
+            lanes_per_block=lanes_per_block, platform=jax.default_backend(),
+        )  # fmt: skip
+    if call is None:
+        return _raised(_vmapped(f, y0, t_span, args, axes, keywords), throw)
+    try:
+        return _raised(call(), throw)
+    except Unsupported as error:
+        raise ValueError(str(error)) from None
+
+
+def fused_call(
+    f, y0: Y, t_span, args: Args, axes, keywords: dict, *, throw: bool, backend: str,
+    lanes_per_block: int | None, platform: str,
+) -> Callable[[], Solution] | None:  # fmt: skip
+    """The fused kernel's solve of the ensemble for `platform` ("gpu": Triton; else interpret
+    mode), as a function of nothing; `None` (with `backend="auto"`) or a `ValueError` naming
+    the reason (with `"fused"`) where the kernel cannot run it. The statuses are not checked
+    (see `_raised`)."""
     lane_args, shared = _split(args, axes)
+    combine = _Combine(jax.tree.structure(args))
     example = jax.tree.map(lambda x: jnp.zeros_like(x[0]), y0)
-    example_args = _Combine(jax.tree.structure(args))(
-        jax.tree.map(lambda x: x[0], lane_args), shared
-    )
+    example_args = combine(jax.tree.map(lambda x: x[0], lane_args), shared)
     problem, options, invalid = prepare(
         f, example, t_span, example_args, adjoint="recursive", throw=throw, progress=False,
         jump_ts=None, **keywords,
     )  # fmt: skip
-    reason = unsupported(options, y0, backend)
+    reason = unsupported(options, y0, platform)
     if reason is not None:
         if backend == "fused":
             raise ValueError(
                 f"The fused ensemble kernel cannot run this problem: {reason}. Fix: pass "
                 "`backend='vmap'` (or 'auto', which chooses it)."
             )
-        return _raised(_vmapped(f, y0, t_span, args, axes, keywords), throw)
+        return None
     validate.check_vector_field(f, problem.t0, example, example_args)
-    settings = _settings(lanes_per_block, count)
-    try:
-        sol = _fused(
-            problem, options, invalid, y0, lane_args, shared, _Combine(jax.tree.structure(args)),
-            settings,
-        )  # fmt: skip
-    except Unsupported as error:
-        raise ValueError(str(error)) from None
-    return _raised(sol, throw)
+    settings = _settings(lanes_per_block, _trajectories(y0), platform)
+    # Failures raise per trajectory (`_raised`): the compiled kernel is the same for `throw`.
+    options = dataclasses.replace(options, throw=False)
+    return lambda: _fused(problem, options, invalid, y0, lane_args, shared, combine, settings)
 
 
-def unsupported(options: Options, y0: Y, backend: str) -> str | None:
-    """Why the fused kernel cannot run a solve with these options and `y0`, or `None`."""
+def unsupported(options: Options, y0: Y, platform: str) -> str | None:
+    """Why the fused kernel cannot run a solve with these options and `y0` on `platform`, or
+    `None`."""
     stepper = options.stepper
     if stepper.implicit or stepper.multistep:
         return (
@@ -163,8 +178,7 @@ def unsupported(options: Options, y0: Y, backend: str) -> str | None:
     for leaf in jax.tree.leaves(y0):
         if leaf.dtype not in (jnp.float32, jnp.float64):
             return f"the state has dtype {leaf.dtype} (float32 and float64 only)"
-    platform = jax.default_backend()
-    if backend != "vmap" and platform not in ("gpu", "cpu"):
+    if platform not in ("gpu", "cpu"):
         return f"the kernel is written for GPUs (Pallas' Triton backend), not {platform}"
     return None
 
@@ -240,8 +254,8 @@ def _vmapped(f, y0: Y, t_span, args: Args, axes, keywords: dict) -> Solution:
     return jax.vmap(one, in_axes=(0, axes))(y0, args)
 
 
-def _settings(lanes_per_block: int | None, count: int) -> KernelSettings:
-    interpret = jax.default_backend() != "gpu"
+def _settings(lanes_per_block: int | None, count: int, platform: str) -> KernelSettings:
+    interpret = platform != "gpu"
     if lanes_per_block is None:
         lanes_per_block = min(128, 1 << max(count - 1, 0).bit_length()) if interpret else 128
     if lanes_per_block < 1 or lanes_per_block & (lanes_per_block - 1):
@@ -280,16 +294,15 @@ def _fused(
         return Start(setup.loop, setup.tau0, setup.dt)
 
     ran = run_ensemble(Trajectory(start, combine, settings), y0, lane_args, shared, uniform)
-    quiet = dataclasses.replace(options, throw=False)
 
     def finished(y0, lane_leaves, state, rows, times):
         t0, t1, ts = times
         one = Problem(f, y0, t0, t1, ts, combine(lane_leaves, shared), None)
-        setup = Setup.make(one, quiet, save_times)
+        setup = Setup.make(one, options, save_times)
         _, init_evals = setup.loop.init_state(setup.tau0, y0, setup.dt)  # its count only
         zero = jnp.zeros((), jnp.int32)
         return finish(
-            one, quiet, setup, state, Outputs(ts=rows), GradientStats(zero, zero), init_evals,
+            one, options, setup, state, Outputs(ts=rows), GradientStats(zero, zero), init_evals,
             invalid,
         )  # fmt: skip
 

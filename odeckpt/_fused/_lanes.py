@@ -324,11 +324,11 @@ def _cond(eqn, inputs, size):
 
 
 _ELEMENTWISE = frozenset(
-    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
-    cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt integer_pow is_finite le lgamma
-    digamma log log1p logistic lt max min mul ne neg nextafter not or pow rem round rsqrt
-    select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
-    sub tan tanh xor population_count""".split()
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp
+    convert_element_type cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt
+    integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not or
+    population_count pow rem round rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin sinh sqrt square sub tan tanh xor""".split()
 )
 
 _RULES = {

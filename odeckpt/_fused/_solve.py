@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._loop import IntegrationLoop, LoopState
+from .._loop import IntegrationLoop, LoopState, Rows
 from .._types import Args, Scalar, Y
 from ._kernel import KernelSettings, LaneLoop, run_lanes
 
@@ -73,8 +73,7 @@ def _plain_loop(trajectory: Trajectory, shared: Args) -> LaneLoop:
         _, lane_args = lane
         loop = trajectory.start(trajectory.combine(lane_args, shared), uniform).loop
         new, writes, _ = loop.step(state)
-        assert writes.ts is not None  # the ensemble saves at save times
-        return new, _rows(writes.ts.index, writes.ts.values)
+        return new, _rows(writes.ts)
 
     return LaneLoop(init, _cond(trajectory, shared), step)
 
@@ -88,8 +87,12 @@ def _cond(trajectory: Trajectory, shared: Args) -> Callable:
     return cond
 
 
-def _rows(index, values: Y) -> list:
-    return [x for leaf in jax.tree.leaves(values) for x in (index, leaf)]
+def _rows(rows: Rows | None) -> list:
+    """A step's rows at the save times as the kernel writes them: `[index, values]` per leaf
+    (none without save times)."""
+    if rows is None:
+        return []
+    return [x for leaf in jax.tree.leaves(rows.values) for x in (rows.index, leaf)]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -100,7 +103,10 @@ def _run(trajectory: Trajectory, y0, lane_args, shared, uniform):
     return state, _as_rows(y0, buffers)
 
 
-def _as_rows(y0: Y, leaves: list) -> Y:
+def _as_rows(y0: Y, leaves: list) -> Y | None:
+    """The saved rows as a pytree like `y0` (`None` without save times)."""
+    if not leaves:
+        return None
     return jax.tree.unflatten(jax.tree.structure(y0), leaves)
 
 
@@ -164,7 +170,8 @@ def _sensitivity_loop(
         primals = tuple(lane_leaves[i] if i < lane_count else leaves[i] for i in chosen)
         (state, rows), (d_state, d_rows) = along(start, primals, (), 0)
         carry = (state, d_state.y, d_state.stepper_state)
-        return carry, [*jax.tree.leaves(rows), *[_rows_first(x) for x in jax.tree.leaves(d_rows)]]
+        d_rows = jax.tree.map(_rows_first, d_rows)
+        return carry, [*jax.tree.leaves(rows), *jax.tree.leaves(d_rows)]
 
     def step(carry, lane, uniform):
         state, d_y, d_stepper = carry
@@ -181,13 +188,10 @@ def _sensitivity_loop(
             lane_leaves[i] if i < lane_count else leaves[i] for i in chosen
         )
         (new, writes), (d_new, d_writes) = along(advance, primals, (d_y, d_stepper), 2)
-        rows = _rows(writes.index, writes.values)
-        d_rows = [
-            x
-            for leaf in jax.tree.leaves(d_writes.values)
-            for x in (writes.index, _rows_first(leaf))
-        ]
-        return (new, d_new.y, d_new.stepper_state), rows + d_rows
+        d_rows = None
+        if writes is not None:
+            d_rows = Rows(writes.index, jax.tree.map(_rows_first, d_writes.values))
+        return (new, d_new.y, d_new.stepper_state), _rows(writes) + _rows(d_rows)
 
     cond = _cond(trajectory, jax.tree.unflatten(tree, leaves)[2])
     return LaneLoop(init, lambda carry, uniform: cond(carry[0], uniform), step)
@@ -223,6 +227,7 @@ def _run_jvp(trajectory: Trajectory, primals, tangents):
     half = len(buffers) // 2
     rows = _as_rows(y0, buffers[:half])
     d_rows = _as_rows(y0, buffers[half:])
+    out_rows = None
     n = jax.tree.leaves(y0)[0].shape[0]
     coefficients = jnp.concatenate(
         [
@@ -236,7 +241,9 @@ def _run_jvp(trajectory: Trajectory, primals, tangents):
     contract = lambda jac: jnp.einsum("np...,np->n...", jac, coefficients.astype(jac.dtype))
     d_state = jax.tree.map(_zero_tangent, state)
     d_state = dataclasses.replace(d_state, y=jax.tree.map(contract, d_y))
-    out_rows = jax.tree.map(lambda j: jnp.einsum("nrp...,np->nr...", j, coefficients), d_rows)
+    if d_rows is not None:
+        contract_rows = lambda jac: jnp.einsum("nrp...,np->nr...", jac, coefficients)
+        out_rows = jax.tree.map(contract_rows, d_rows)
     return (state, rows), (d_state, out_rows)
 
 

@@ -28,6 +28,7 @@ from ._landing import (
 from ._outputs import (
     DistinctSaveTimes as DistinctSaveTimes,
     Outputs as Outputs,
+    Rows as Rows,
     Writes as Writes,
     written_groups as written_groups,
 )
