@@ -19,19 +19,20 @@ pytestmark = pytest.mark.xdist_group("ensemble")
 
 TS = np.linspace(0.0, 1.0, 6)  # the span's two ends among them
 MAX_STEPS = 1000
-BASE = np.array([10.0, 28.0, 8 / 3, 1.0])
+BASE = np.array([10.0, 28.0, 8 / 3, 1.0, np.inf])
 
 
 def lorenz(t, y, args):
-    """Lorenz's system, sped up by `args[3]` (a lane's speed sets its number of steps)."""
-    sigma, rho, beta, speed = args[0], args[1], args[2], args[3]
+    """Lorenz's system, sped up by `args[3]` (a lane's speed sets its number of steps), NaN
+    after the time `args[4]`."""
+    sigma, rho, beta, speed, poison = args[0], args[1], args[2], args[3], args[4]
     dy = jnp.stack([sigma * (y[1] - y[0]), y[0] * (rho - y[2]) - y[1], y[0] * y[1] - beta * y[2]])
-    return speed * dy
+    return jnp.where(t > poison, jnp.nan, speed) * dy
 
 
 def _params(n: int, dtype=np.float64) -> np.ndarray:
-    spread = np.random.default_rng(0).uniform(-0.1, 0.1, (n, 4))
-    spread[:, 3] = 0
+    spread = np.random.default_rng(0).uniform(-0.1, 0.1, (n, 5))
+    spread[:, 3:] = 0
     return (BASE * (1 + spread)).astype(dtype)
 
 
@@ -40,10 +41,11 @@ def _y0(n: int, dtype=np.float64) -> np.ndarray:
 
 
 def _mixed():
-    """Eight trajectories: four ordinary ones, one with a NaN parameter (`f(t0, y0)` is NaN),
-    one with an infinite `y0`, one twenty times faster (runs out of steps), one twenty times
-    slower (a few steps)."""
+    """Eight trajectories: three ordinary ones, one whose `f` turns NaN at t = 0.5, one with a
+    NaN parameter (`f(t0, y0)` is NaN), one with an infinite `y0`, one twenty times faster (runs
+    out of steps), one twenty times slower (a few steps)."""
     params, y0 = _params(8), _y0(8)
+    params[3, 4] = 0.5
     params[4, 0] = np.nan
     y0[5, 1] = np.inf
     params[6, 3] = 20.0
@@ -56,21 +58,27 @@ def _solve(y0, params, backend, **keywords):
     return odeckpt.ensemble(lorenz, y0, (0.0, 1.0), params, backend=backend, **keywords)
 
 
-def _same_steps(sol, ref):
+def _same_steps(sol, ref, lanes=slice(None)):
     for name in ("num_steps", "num_accepted_steps", "num_rejected_steps", "num_fn_evals"):
-        np.testing.assert_array_equal(getattr(sol.stats, name), getattr(ref.stats, name), name)
+        ours, theirs = getattr(sol.stats, name), getattr(ref.stats, name)
+        np.testing.assert_array_equal(ours[lanes], theirs[lanes], name)
 
 
 def test_lanes_fail_beside_lanes_that_succeed():
     y0, params = _mixed()
     sol, ref = _solve(y0, params, "fused"), _solve(y0, params, "vmap")
     S = odeckpt.Status
-    expected = [S.successful] * 4 + [S.nonfinite_f0, S.nonfinite_y0, S.max_steps_reached]
-    expected += [S.successful]
+    expected = [S.successful] * 3 + [S.nonfinite, S.nonfinite_f0, S.nonfinite_y0]
+    expected += [S.max_steps_reached, S.successful]
     for lane, status in enumerate(expected):
         assert sol.status[lane] == status, lane
     np.testing.assert_array_equal(sol.status == S.successful, ref.status == S.successful)
-    _same_steps(sol, ref)
+    # Lane 3 shrinks its steps against t = 0.5 until they underflow: whether a stage time is
+    # past 0.5 is decided in its last bit, which XLA:CPU's fused multiply-adds round
+    # differently in the two programs (with `XLA_FLAGS=--xla_cpu_max_isa=AVX` both take 171
+    # steps); the others take the same steps.
+    _same_steps(sol, ref, np.array([0, 1, 2, 4, 5, 6, 7]))
+    assert abs(int(sol.stats.num_steps[3]) - int(ref.stats.num_steps[3])) <= 4
     steps = np.asarray(sol.stats.num_accepted_steps)
     assert steps[7] < 20 < 100 < steps[0] and steps[6] + sol.stats.num_rejected_steps[6] == 1000
     np.testing.assert_allclose(sol.ys, ref.ys, rtol=1e-12, atol=1e-12)
@@ -80,17 +88,17 @@ def test_lanes_fail_beside_lanes_that_succeed():
 def test_throw_names_the_failed_trajectories():
     y0, params = _mixed()
     with pytest.raises(
-        eqx.EquinoxRuntimeError, match=r"3 of 8 trajectories failed \(trajectory 4, 5, 6\)"
+        eqx.EquinoxRuntimeError, match=r"4 of 8 trajectories failed \(trajectory 3, 4, 5, 6\)"
     ):
         _solve(y0, params, "fused", throw=True)
-    sol = _solve(y0[:4], params[:4], "fused", throw=True)  # all succeed: no error
+    sol = _solve(y0[:3], params[:3], "fused", throw=True)  # all succeed: no error
     assert bool(jnp.all(sol.status == odeckpt.Status.successful))
 
 
 def test_under_jit_a_failure_raises_with_its_message():
     y0, params = _mixed()
     run = jax.jit(lambda p: _solve(y0, p, "fused", throw=True).ys)
-    with pytest.raises(Exception, match=r"f\(t0, y0, args\) is not finite.*first failed"):
+    with pytest.raises(Exception, match=r"A step produced non-finite values.*first failed"):
         jax.block_until_ready(run(params))
 
 
@@ -142,8 +150,8 @@ def test_gradient_equals_vmap_and_finite_differences_and_is_nan_where_a_lane_fai
     y0, params = _mixed()
     grad = np.asarray(jax.grad(_loss("fused"))(params, y0))
     ref = np.asarray(jax.grad(_loss("vmap"))(params, y0))
-    ok = [0, 1, 2, 3, 7]
-    assert np.all(np.isfinite(grad[ok])) and np.all(np.isnan(grad[[4, 5, 6]]))
+    ok = [0, 1, 2, 7]
+    assert np.all(np.isfinite(grad[ok])) and np.all(np.isnan(grad[[3, 4, 5, 6]]))
     np.testing.assert_allclose(grad[ok], ref[ok], rtol=1e-9)
     # Central differences of the fused forward solve (the kernel compiled above).
     loss = _loss("fused", np.array(ok))
