@@ -191,7 +191,9 @@ def _trajectories(y0: Y) -> int:
             f"length (got leading sizes {sorted(str(s) for s in sizes)}). Fix: stack the "
             "initial states, e.g. `jnp.stack([y0_a, y0_b])` or `jnp.tile(y0, (n, 1))`."
         )
-    return sizes.pop()
+    (count,) = sizes
+    assert count is not None  # refused above
+    return count
 
 
 def _args_axes(args_axes, args: Args, count: int):
@@ -240,7 +242,8 @@ class _Combine:
     leaves and the shared ones, two lists like those of `_split` (`lane` may be `None`: the
     shared leaves only, `None` elsewhere). Hashable, so that the compiled ensemble is reused."""
 
-    tree: jax.tree_util.PyTreeDef
+    # jax binds `PyTreeDef` as a variable (from jaxlib), which pyright rejects as a type.
+    tree: jax.tree_util.PyTreeDef  # pyright: ignore[reportInvalidTypeForm]
 
     def __call__(self, lane: list | None, shared: list) -> Args:
         if lane is None:
@@ -288,9 +291,11 @@ def _fused(
     save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
     uniform = _Uniform(problem.t0, problem.t1, ts, save_times, arrays)
 
-    def start(args, uniform: _Uniform) -> Start:
-        one = Problem(f, None, uniform.t0, uniform.t1, uniform.ts, args, None)
-        setup = Setup.make(one, eqx.combine(uniform.options, static), uniform.save_times)
+    def start(args, shared_arrays) -> Start:
+        assert isinstance(shared_arrays, _Uniform)  # as passed to `run_ensemble` below
+        one = Problem(f, None, shared_arrays.t0, shared_arrays.t1, shared_arrays.ts, args, None)
+        options_ = eqx.combine(shared_arrays.options, static)
+        setup = Setup.make(one, options_, shared_arrays.save_times)
         return Start(setup.loop, setup.tau0, setup.dt)
 
     ran = run_ensemble(Trajectory(start, combine, settings), y0, lane_args, shared, uniform)

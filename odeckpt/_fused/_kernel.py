@@ -11,8 +11,10 @@ mode, which evaluates the same program with XLA's operations.
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
@@ -20,7 +22,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from . import _lanes
 
-Tree = object
+Tree = Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,19 +58,15 @@ def _flat_size(shape) -> int:
     return int(np.prod(shape, dtype=int))
 
 
-def _trace(function, *examples) -> tuple[jax.extend.core.ClosedJaxpr, jax.tree_util.PyTreeDef]:
+def _trace(function, *examples) -> jex.ClosedJaxpr:
     flat, tree = jax.tree.flatten(examples)
     shaped = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in flat]
-    out_tree = []
 
     def flat_function(*leaves):
         result = function(*jax.tree.unflatten(tree, leaves))
-        leaves_out, treedef = jax.tree.flatten(result)
-        out_tree.append(treedef)
-        return leaves_out
+        return jax.tree.leaves(result)
 
-    closed = jax.make_jaxpr(flat_function)(*shaped)
-    return closed, out_tree[0]
+    return jax.make_jaxpr(flat_function)(*shaped)
 
 
 def run_lanes(
@@ -82,10 +80,10 @@ def run_lanes(
     lane_leaves, lane_tree = jax.tree.flatten(lane)
     n = lane_leaves[0].shape[0]
     one = jax.tree.unflatten(lane_tree, [x[0] for x in lane_leaves])
-    init_jaxpr, init_tree = _trace(loop.init, one, uniform)
+    init_jaxpr = _trace(loop.init, one, uniform)
     carry0, buffers0 = jax.eval_shape(loop.init, one, uniform)
-    cond_jaxpr, _ = _trace(loop.cond, carry0, uniform)
-    step_jaxpr, step_tree = _trace(loop.step, carry0, one, uniform)
+    cond_jaxpr = _trace(loop.cond, carry0, uniform)
+    step_jaxpr = _trace(loop.step, carry0, one, uniform)
     carry_leaves, carry_tree = jax.tree.flatten(carry0)
     buffer_leaves = list(buffers0)
     uniform_leaves = jax.tree.leaves(uniform)
@@ -111,7 +109,7 @@ def run_lanes(
         carry=[x.shape for x in carry_leaves],
         buffers=[x.shape for x in buffer_leaves],
     )
-    kernel = _Kernel(init_jaxpr, cond_jaxpr, step_jaxpr, layout, block, init_tree, step_tree)
+    kernel = _Kernel(init_jaxpr, cond_jaxpr, step_jaxpr, layout, block)
     compiler = None
     if not settings.interpret:
         compiler = pl_triton.CompilerParams(num_warps=settings.num_warps, num_stages=1)
@@ -167,13 +165,11 @@ class _Layout:
 
 @dataclasses.dataclass(frozen=True)
 class _Kernel:
-    init: jax.extend.core.ClosedJaxpr
-    cond: jax.extend.core.ClosedJaxpr
-    step: jax.extend.core.ClosedJaxpr
+    init: jex.ClosedJaxpr
+    cond: jex.ClosedJaxpr
+    step: jex.ClosedJaxpr
     layout: _Layout
     block: int
-    init_tree: jax.tree_util.PyTreeDef
-    step_tree: jax.tree_util.PyTreeDef
 
     def __call__(self, *refs):
         layout, size = self.layout, self.block

@@ -19,6 +19,7 @@ import itertools
 import operator
 
 import jax
+import jax.core
 import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
@@ -63,7 +64,7 @@ def _evaluate(jaxpr: jex.Jaxpr, consts: list, args: list, size: int) -> list[Lan
 
     def read(var):
         if isinstance(var, jex.Literal):
-            return lanes_of(np.asarray(var.val, dtype=var.aval.dtype))
+            return lanes_of(np.asarray(var.val, dtype=_aval(var).dtype))
         return env[var]
 
     for var, value in zip(jaxpr.constvars, consts, strict=True):
@@ -76,11 +77,14 @@ def _evaluate(jaxpr: jex.Jaxpr, consts: list, args: list, size: int) -> list[Lan
         if not eqn.primitive.multiple_results:
             outputs = [outputs]
         for var, value in zip(eqn.outvars, outputs, strict=True):
-            if value.shape != var.aval.shape:
-                raise RuntimeError(f"{eqn}: {value.shape}")
+            assert value.shape == _aval(var).shape, f"{eqn.primitive}: {value.shape}"
             if not isinstance(var, jex.DropVar):
                 env[var] = value
     return [read(v) for v in jaxpr.outvars]
+
+
+def _aval(var) -> jax.core.ShapedArray:
+    return var.aval
 
 
 def _rule(eqn):
