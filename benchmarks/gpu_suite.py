@@ -6,7 +6,8 @@
 Steps, each a subprocess with its own time limit (and all within `--budget` seconds):
 
 1. `tests`: the GPU-relevant tests (offload, compiled memory, batching, the solve's contracts,
-   tolerances and results), as a JUnit XML summarised to `gpu-tests.{json,md}`.
+   tolerances and results, the fused ensemble kernel compiled by Triton against `vmap(solve)`),
+   as a JUnit XML summarised to `gpu-tests.{json,md}`.
 2. `offload`: `bench_offload.py` on RK4 states of 2**16, 2**18, 2**20 and 2**22 points: device
    memory, host memory and time with and without `offload="host"` (`gpu-offload.*`).
 3. `layers`: `bench_layers.py`, per-layer checkpointing: the compiled gradient memory and time
@@ -15,6 +16,13 @@ Steps, each a subprocess with its own time limit (and all within `--budget` seco
 4. `gradients`: `bench_gradients.py --quick`, odeckpt vs diffrax adjoint by adjoint
    (`gpu-gradients.*`).
 5. `forward`: `bench_forward.py --quick`, odeckpt vs diffrax (`gpu-forward.*`).
+6. `ensemble`: `bench_ensemble_gpu.py`, Lorenz ensembles: `odeckpt.ensemble`'s fused kernel
+   beside `vmap(solve)` and diffrax's `vmap(diffeqsolve)`, forward and gradient, float32 then
+   float64, at 2**3, 2**10, 2**17 and 2**20 trajectories (`gpu-ensemble.*`). Each size and dtype
+   compiles six programs, so the step measures what its time limit allows and records the rest
+   as skipped. 2**23 is left out to keep within the limit (run `bench_ensemble_gpu.py` by hand
+   for it): the compiled gradients through `vmap` take 18 kB (diffrax) and 49 kB (odeckpt) per
+   trajectory on CPU, over 100 GiB at 2**23, where they would be skipped anyway.
 
 It writes `benchmarks/results/gpu-suite.{json,md}` (each step's command, exit status, time and
 whether it ran out of time, with the device name) beside each step's own results. Without a GPU
@@ -45,13 +53,18 @@ GPU_TESTS = [
     "tests/test_solve.py",
     "tests/test_tolerances.py",
     "tests/test_results.py",
+    "tests/test_ensemble.py",
 ]
 
 
-NAMES = ["tests", "offload", "layers", "gradients", "forward"]
-LIMITS = {"tests": 90, "offload": 160, "layers": 60, "gradients": 200, "forward": 60}
+NAMES = ["tests", "offload", "layers", "gradients", "forward", "ensemble"]
+LIMITS = {
+    "tests": 110, "offload": 150, "layers": 45, "gradients": 140, "forward": 40, "ensemble": 85,
+}  # fmt: skip
 """Seconds each step may take on a GPU (570 in all, within the 10 minutes the suite promises);
-on an H200 the steps took about 55, 30 per state size, 36, 115 (two problems) and 30."""
+on an H200 the first five steps took about 55 (before `tests/test_ensemble.py` joined them),
+30 per state size, 36, 115 (two problems) and 30. The ensemble step stops starting new
+measurements 25 s before its limit (start-up and the measurement in flight fit in those)."""
 
 
 class Step(NamedTuple):
@@ -72,9 +85,12 @@ def steps(smoke: bool, results: Path) -> list[Step]:
         gradients = ["--problems", "lotka_volterra", "--adjoints", "recursive"]
         forward = ["--problems", "lotka_volterra", "--target-seconds", "0.1"]
         forward += ["--compile-repeats", "1"]
+        ensemble = ["--quick", "--sizes", "3"]
         tests, limits = ["tests/test_results.py"], dict.fromkeys(NAMES, 240)
     else:
         offload, layers, gradients, forward = ["--sizes", *map(str, range(16, 23, 2))], [], [], []
+        ensemble = ["--sizes", "3", "10", "17", "20", "--max-seconds", "15", "--target-seconds",
+                    "0.3", "--total-seconds", str(LIMITS["ensemble"] - 25)]  # fmt: skip
         tests, limits = GPU_TESTS, LIMITS
     quick = lambda name: ["--quick", "--name", f"gpu-{name}"]
     commands = {
@@ -83,6 +99,8 @@ def steps(smoke: bool, results: Path) -> list[Step]:
         "layers": bench("bench_layers.py", *layers, *quick("layers")),
         "gradients": bench("bench_gradients.py", *gradients, *quick("gradients")),
         "forward": bench("bench_forward.py", *forward, *quick("forward")),
+        # Its --quick is the CPU smoke run (float64 only, one call): only the smoke passes it.
+        "ensemble": bench("bench_ensemble_gpu.py", *ensemble, "--name", "gpu-ensemble"),
     }
     return [Step(name, commands[name], limits[name]) for name in NAMES]
 

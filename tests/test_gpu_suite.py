@@ -30,7 +30,8 @@ def test_refuses_without_a_gpu():
 def test_steps_fit_ten_minutes(tmp_path):
     suite = load_suite()
     steps = suite.steps(smoke=False, results=tmp_path)
-    assert [step.name for step in steps] == ["tests", "offload", "layers", "gradients", "forward"]
+    names = ["tests", "offload", "layers", "gradients", "forward", "ensemble"]
+    assert [step.name for step in steps] == names
     assert sum(step.timeout for step in steps) <= 600
     offload = next(step for step in steps if step.name == "offload").command
     assert offload[offload.index("--sizes") + 1 :][:4] == ["16", "18", "20", "22"]
