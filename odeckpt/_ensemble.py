@@ -1,6 +1,7 @@
 """The ensemble front door: `odeckpt.ensemble`, many trajectories of one problem at once."""
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import equinox as eqx
@@ -279,6 +280,20 @@ class _Uniform(eqx.Module):
     options: Options
 
 
+@dataclasses.dataclass(frozen=True)
+class _WithClosedOver:
+    """`combine(lane, shared)` of the kernel: the user's `args` (by `combine`, from the first
+    `count` leaves) and the values the vector field closes over (the shared leaves after
+    them), as a pair."""
+
+    combine: _Combine
+    count: int
+
+    def __call__(self, lane: list | None, shared: list) -> tuple[Args, list]:
+        own = None if lane is None else lane[: self.count]
+        return self.combine(own, shared[: self.count]), shared[self.count :]
+
+
 @eqx.filter_jit
 def _fused(
     problem: Problem, options: Options, invalid, y0: Y, lane_args: list, shared: list, combine,
@@ -290,15 +305,31 @@ def _fused(
     direction = Setup.direction_of(problem, options)
     save_times = None if ts is None else DistinctSaveTimes.make(direction * ts)
     uniform = _Uniform(problem.t0, problem.t1, ts, save_times, arrays)
+    # The values `f` closes over that may be traced (a parameter under `jit` or `grad`, the
+    # arrays of an equinox module) become shared arguments of the kernel: its derivatives
+    # reach them, and no tracer hides among the kernel's constants.
+    one_y = jax.tree.map(lambda x: x[0], y0)
+    one_args = combine(jax.tree.map(lambda x: x[0], lane_args), shared)
+    # (Through a lambda: `closure_convert` hashes the function, and a module holding tracers
+    # is unhashable.)
+    field, hoisted = jax.closure_convert(lambda t, y, a: f(t, y, a), problem.t0, one_y, one_args)
+
+    def kernel_field(t, y, args):
+        own, closed_over = args
+        return field(t, y, own, *closed_over)
 
     def start(args, shared_arrays) -> Start:
         assert isinstance(shared_arrays, _Uniform)  # as passed to `run_ensemble` below
-        one = Problem(f, None, shared_arrays.t0, shared_arrays.t1, shared_arrays.ts, args, None)
+        one = Problem(
+            kernel_field, None, shared_arrays.t0, shared_arrays.t1, shared_arrays.ts, args, None
+        )
         options_ = eqx.combine(shared_arrays.options, static)
         setup = Setup.make(one, options_, shared_arrays.save_times)
         return Start(setup.loop, setup.tau0, setup.dt)
 
-    ran = run_ensemble(Trajectory(start, combine, settings), y0, lane_args, shared, uniform)
+    trajectory = Trajectory(start, _WithClosedOver(combine, len(shared)), settings)
+    lanes = lane_args + [None] * len(hoisted)
+    ran = run_ensemble(trajectory, y0, lanes, shared + list(hoisted), uniform)
 
     def finished(y0, lane_leaves, state, rows, times):
         t0, t1, ts = times
@@ -322,11 +353,12 @@ def _fused(
 
 def _raised(sol: Solution, throw: bool) -> Solution:
     """`sol`, raising if `throw` and a trajectory failed: naming the trajectories when the
-    statuses are known (outside `jit`), else with the first failure's message."""
+    statuses are known (outside `jit`), else as `vmap(solve)` does (the first failure's
+    message; under `EQX_ON_ERROR=nan` the failed trajectories' outputs are NaN instead)."""
     if not throw:
         return sol
     status = sol.status
-    if not status.is_traced():
+    if not status.is_traced() and os.environ.get("EQX_ON_ERROR", "raise") == "raise":
         failed = np.flatnonzero(np.asarray(status != Status.successful))
         if failed.size:
             shown = ", ".join(str(i) for i in failed[:10]) + (" ..." if failed.size > 10 else "")
@@ -337,9 +369,9 @@ def _raised(sol: Solution, throw: bool) -> Solution:
             )
         return sol
     note = (
-        " (The first failed trajectory of the ensemble. Fix: pass `throw=False` and read "
-        "`jnp.flatnonzero(sol.status != odeckpt.Status.successful)` for which failed.)"
+        " (In an ensemble: one trajectory or more failed. Fix: pass `throw=False` and read "
+        "`jnp.flatnonzero(sol.status != odeckpt.Status.successful)` for which.)"
     )
     notes = {name: note for name in Status.names() if name != "successful"}
-    ys = raise_if_failed(status.first_failure(), sol.ys, notes)
-    return dataclasses.replace(sol, ys=ys)
+    outputs = jax.vmap(lambda s, out: raise_if_failed(s, out, notes))(status, (sol.ts, sol.ys))
+    return dataclasses.replace(sol, ts=outputs[0], ys=outputs[1])

@@ -166,14 +166,6 @@ class Status(eqx.Module):
         `vmap`, one per trajectory of an ensemble)."""
         return type(self)(self._value[index])
 
-    def first_failure(self) -> "Status":
-        """The first status of an array of them that is not `successful` (`successful` if
-        none is); itself for one status."""
-        values = jnp.ravel(jnp.asarray(self._value))
-        failed = values != _outcomes(type(self)).index("successful")
-        first = jnp.argmax(failed)
-        return type(self)(jnp.where(jnp.any(failed), values[first], values[0]))
-
     def error_if(self, token, pred, *, note: dict[str, str] | None = None):
         """`token`, raising at run time with this status's message if `pred` holds.
 

@@ -98,7 +98,7 @@ def test_throw_names_the_failed_trajectories():
 def test_under_jit_a_failure_raises_with_its_message():
     y0, params = _mixed()
     run = jax.jit(lambda p: _solve(y0, p, "fused", throw=True).ys)
-    with pytest.raises(Exception, match=r"A step produced non-finite values.*first failed"):
+    with pytest.raises(Exception, match=r"A step produced non-finite values.*one trajectory or"):
         jax.block_until_ready(run(params))
 
 
@@ -300,3 +300,46 @@ def test_the_kernel_and_its_derivative_lower_for_triton(dtype):
     if dtype == np.float32:
         gradient = jax.grad(lambda p: jnp.sum(final(p)[:, -1] ** 2))
         assert "triton" in _lowered_for_gpu(gradient, params).as_text().lower()
+
+
+def _scaled_loss(c, backend, y0, params):
+    """A loss of an ensemble whose vector field closes over `c`."""
+    field = lambda t, y, args: c * lorenz(t, y, args)
+    sol = odeckpt.ensemble(
+        field, y0, (0.0, 1.0), params, rtol=1e-8, atol=1e-8, saveat=TS, backend=backend
+    )
+    return jnp.sum(sol.ys[:, -1] ** 2)
+
+
+def test_derivatives_reach_the_values_the_vector_field_closes_over():
+    params, y0 = _params(4), _y0(4)
+    fused = jax.jit(jax.grad(_scaled_loss), static_argnums=1)(1.0, "fused", y0, params)
+    ref = jax.grad(_scaled_loss)(1.0, "vmap", y0, params)
+    assert float(ref) != 0
+    np.testing.assert_allclose(fused, ref, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_a_module_vector_field_is_differentiated_in_its_arrays():
+    params, y0 = _params(4), _y0(4)
+
+    class Scaled(eqx.Module):
+        c: jax.Array
+
+        def __call__(self, t, y, args):
+            return self.c * lorenz(t, y, args)
+
+    def loss(field, backend):
+        sol = odeckpt.ensemble(field, y0, (0.0, 1.0), params, backend=backend)
+        return jnp.sum(sol.ys[:, -1] ** 2)
+
+    field = Scaled(jnp.array(1.0))
+    fused = eqx.filter_grad(lambda m: loss(m, "fused"))(field).c
+    ref = eqx.filter_grad(lambda m: loss(m, "vmap"))(field).c
+    np.testing.assert_allclose(fused, ref, rtol=1e-9)
+
+
+def test_second_derivatives_are_refused_with_the_fix():
+    params, y0 = _params(2), _y0(2)
+    with pytest.raises(ValueError, match="second derivative.*backend='vmap'"):
+        jax.hessian(_scaled_loss)(1.0, "fused", y0, params)

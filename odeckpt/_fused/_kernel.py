@@ -10,6 +10,7 @@ mode, which evaluates the same program with XLA's operations.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -113,7 +114,7 @@ def run_lanes(
     compiler = None
     if not settings.interpret:
         compiler = pl_triton.CompilerParams(num_warps=settings.num_warps, num_stages=1)
-    outputs = pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
         out_shape=out_shapes,
         grid=(padded // block,),
@@ -122,13 +123,33 @@ def run_lanes(
         interpret=settings.interpret,
         compiler_params=compiler,
         name="odeckpt_ensemble",
-    )(*lane_in, *uniform_in)
+    )
+    outputs = _not_differentiated(call, *lane_in, *uniform_in)
     unpacked = [
         out[: _flat_size(leaf.shape), :n].T.reshape((n, *leaf.shape))
         for out, leaf in zip(outputs, [*carry_leaves, *buffer_leaves], strict=True)
     ]
     carry = jax.tree.unflatten(carry_tree, unpacked[: len(carry_leaves)])
     return carry, unpacked[len(carry_leaves) :]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _not_differentiated(call, *inputs):
+    """`call(*inputs)`, refusing to be differentiated: the ensemble's derivatives come from a
+    kernel of their own (`_fused._solve`), and a derivative of that (a second derivative)
+    would differentiate the kernel itself."""
+    return call(*inputs)
+
+
+@_not_differentiated.defjvp
+def _not_differentiated_jvp(call, primals, tangents):
+    del call, primals, tangents
+    raise ValueError(
+        "The fused ensemble kernel computes first derivatives of the solve (jax.jvp, jax.grad, "
+        "jax.jacfwd, jax.jacrev); a second derivative (jax.hessian, a jvp of a grad, ...) "
+        "would differentiate the kernel itself, which it does not support. Fix: pass "
+        "`backend='vmap'` to `odeckpt.ensemble`."
+    )
 
 
 def _lane_input(x: jax.Array, padded: int) -> jax.Array:

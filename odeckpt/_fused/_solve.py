@@ -207,9 +207,9 @@ def _run_jvp(trajectory: Trajectory, primals, tangents):
     d_y0, d_lane_args, d_shared, d_uniform = tangents
     if any(not _is_zero(t) for t in jax.tree.leaves(d_uniform, is_leaf=_is_zero)):
         raise ValueError(
-            "The fused ensemble differentiates with respect to y0 and args only, not the times "
-            "(t0, t1, save times), tolerances or other values the problem closes over. Fix: "
-            "pass `backend='vmap'` to `odeckpt.ensemble`, which differentiates them all."
+            "The fused ensemble differentiates with respect to y0, args and the values the "
+            "vector field closes over, not the times (t0, t1, save times) or the tolerances. "
+            "Fix: pass `backend='vmap'` to `odeckpt.ensemble`, which differentiates them all."
         )
     leaves, tree = jax.tree.flatten((y0, lane_args, shared))
     d_leaves = jax.tree.leaves((d_y0, d_lane_args, d_shared), is_leaf=_is_zero)
