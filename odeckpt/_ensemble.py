@@ -79,7 +79,9 @@ def ensemble(
 
     **Returns:**
 
-    A `Solution` whose every leaf has a leading axis of trajectories.
+    A `Solution` whose every leaf has a leading axis of trajectories. On the fused path
+    `stats.num_checkpoints` and `stats.num_recomputed_steps` are 0: its derivatives store and
+    recompute nothing.
 
     **Example:**
 
