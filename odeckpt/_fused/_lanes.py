@@ -44,6 +44,11 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def known(x) -> bool:
+    """Whether the element `x` is one number known at trace time (a static index)."""
+    return is_concrete(x) and not per_lane(x)
+
+
 def lanes_of(array, dtype=None) -> Lanes:
     """A uniform array (NumPy or JAX, any shape) as `Lanes` of its scalars."""
     array = np.asarray(array) if is_concrete(array) else array
@@ -100,13 +105,9 @@ def _rule(eqn):
     )
 
 
-def bind_elements(primitive, elements: list, params: dict, size: int, dtype=None):
+def bind_elements(primitive, elements: list, params: dict, size: int):
     """`primitive` applied to one element of each operand: on scalars if all are uniform, on
     lane vectors (uniform ones broadcast) otherwise. Folded at trace time when all are known."""
-    if all(is_concrete(e) for e in elements):
-        with jax.ensure_compile_time_eval():
-            result = primitive.bind(*[jnp.asarray(e) for e in elements], **params)
-        return np.asarray(result)[()]
     if primitive is lax.convert_element_type_p:
         # No weak types in the kernel (see `_kernel._strong`).
         params = {**params, "weak_type": False}
@@ -114,6 +115,9 @@ def bind_elements(primitive, elements: list, params: dict, size: int, dtype=None
         elements = [e if per_lane(e) else jnp.broadcast_to(e, (size,)) for e in elements]
     else:
         elements = [jnp.asarray(e) for e in elements]
+    if all(is_concrete(e) for e in elements):
+        with jax.ensure_compile_time_eval():
+            return np.asarray(primitive.bind(*elements, **params))[()]
     return primitive.bind(*elements, **params)
 
 
@@ -255,12 +259,12 @@ def _select_chain(candidates: list[tuple[object, Lanes]], size: int) -> Lanes:
 def _dynamic_slice(eqn, inputs, size):
     operand, *starts = inputs
     starts = [s[()] for s in starts]
-    if all(is_concrete(s) for s in starts):
+    if all(known(s) for s in starts):
         return _gather_known(eqn, operand, [np.asarray(s) for s in starts])
     sizes = eqn.params["slice_sizes"]
     ranges = []
     for start, length, extent in zip(starts, sizes, operand.shape, strict=True):
-        if is_concrete(start):
+        if known(start):
             clamped = int(np.clip(int(start), 0, extent - length))
             ranges.append([(clamped, None)])
         else:
@@ -277,9 +281,9 @@ def _dynamic_slice(eqn, inputs, size):
 
 def _gather(eqn, inputs, size):
     operand, indices = inputs
-    if all(is_concrete(i) for i in indices.reshape(-1)):
-        known = np.array(indices.tolist(), dtype=eqn.invars[1].aval.dtype)
-        return _gather_known(eqn, operand, [known])
+    if all(known(i) for i in indices.reshape(-1)):
+        static = np.array(indices.tolist(), dtype=_aval(eqn.invars[1]).dtype)
+        return _gather_known(eqn, operand, [static])
     numbers = eqn.params["dimension_numbers"]
     if len(numbers.start_index_map) != 1 or numbers.operand_batching_dims:
         raise Unsupported(
@@ -291,11 +295,11 @@ def _gather(eqn, inputs, size):
     batch_out = [d for d in range(len(out_shape)) if d not in numbers.offset_dims]
     out = np.empty(out_shape, dtype=object)
     for candidate in range(extent):
-        known = np.full(indices.shape, candidate, dtype=eqn.invars[1].aval.dtype)
-        values = _gather_known(eqn, operand, [known])
+        each = np.full(indices.shape, candidate, dtype=_aval(eqn.invars[1]).dtype)
+        values = _gather_known(eqn, operand, [each])
         for index in np.ndindex(out_shape):
             entry = indices[tuple(index[d] for d in batch_out) + (0,)]
-            clamped = jnp.clip(entry, 0, extent - 1) if not is_concrete(entry) else entry
+            clamped = entry if known(entry) else jnp.clip(entry, 0, extent - 1)
             hit = clamped == candidate
             out[index] = (
                 values[index]
@@ -309,7 +313,7 @@ def _cond(eqn, inputs, size):
     index, *operands = inputs
     branches = eqn.params["branches"]
     which = index[()]
-    if is_concrete(which):
+    if known(which):
         branch = branches[int(np.clip(int(which), 0, len(branches) - 1))]
         return _evaluate(branch.jaxpr, [lanes_of(c) for c in branch.consts], operands, size)
     results = [
@@ -326,6 +330,136 @@ def _cond(eqn, inputs, size):
         outs.append(out)
     return outs
 
+
+def _split(eqn, x):
+    cuts = np.cumsum(eqn.params["sizes"])[:-1]
+    return list(np.split(x, cuts, axis=eqn.params["axis"]))
+
+
+def _cumulative(combine):
+    def rule(eqn, inputs, size):
+        (x,) = inputs
+        axis, reverse = eqn.params["axis"], eqn.params["reverse"]
+        moved = np.moveaxis(x, axis, 0)
+        order = range(moved.shape[0] - 1, -1, -1) if reverse else range(moved.shape[0])
+        out = np.empty(moved.shape, dtype=object)
+        running = None
+        for i in order:
+            block = moved[i, ...]  # an object array, 0-d for a vector
+            running = block if running is None else _combine_blocks(combine, running, block, size)
+            out[i, ...] = running
+        return np.moveaxis(out, 0, axis)
+
+    return rule
+
+
+def _combine_blocks(combine, a: Lanes, b: Lanes, size: int) -> Lanes:
+    out = np.empty(a.shape, dtype=object)
+    for index in np.ndindex(a.shape):
+        out[index] = bind_elements(combine, [a[index], b[index]], {}, size)
+    return out
+
+
+def _arg_extreme(better):
+    """argmax or argmin: the first position of the extreme (a NaN counts as the extreme, as in
+    `jnp.argmax`)."""
+
+    def rule(eqn, inputs, size):
+        (x,) = inputs
+        (axis,) = eqn.params["axes"]
+        dtype = eqn.params["index_dtype"]
+        moved = np.moveaxis(x, axis, 0)
+        out = np.empty(moved.shape[1:], dtype=object)
+        for index in np.ndindex(out.shape):
+            best, where = moved[(0, *index)], np.asarray(0, dtype)[()]
+            for i in range(1, moved.shape[0]):
+                value = moved[(i, *index)]
+                nan = bind_elements(lax.ne_p, [value, value], {}, size)
+                best_nan = bind_elements(lax.ne_p, [best, best], {}, size)
+                take = bind_elements(better, [value, best], {}, size)
+                take = bind_elements(lax.or_p, [take, nan], {}, size)
+                take = bind_elements(lax.and_p, [take, _not(best_nan, size)], {}, size)
+                best = bind_elements(lax.select_n_p, [take, best, value], {}, size)
+                position = np.asarray(i, dtype)[()]
+                where = bind_elements(lax.select_n_p, [take, where, position], {}, size)
+            out[index] = where
+        return out
+
+    return rule
+
+
+def _not(x, size: int):
+    return bind_elements(lax.not_p, [x], {}, size)
+
+
+def _scan(eqn, inputs, size):
+    """A scan of known length, unrolled: its body evaluated once per iteration."""
+    p = eqn.params
+    consts = inputs[: p["num_consts"]]
+    carry = inputs[p["num_consts"] : p["num_consts"] + p["num_carry"]]
+    xs = inputs[p["num_consts"] + p["num_carry"] :]
+    body = p["jaxpr"]
+    order = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+    ys = [np.empty((p["length"], *_aval(v).shape[1:]), dtype=object) for v in
+          eqn.outvars[p["num_carry"] :]]  # fmt: skip
+    for i in order:
+        out = _evaluate(
+            body.jaxpr, [lanes_of(c) for c in body.consts], [*consts, *carry, *[x[i] for x in xs]],
+            size,
+        )  # fmt: skip
+        carry = out[: p["num_carry"]]
+        for y, value in zip(ys, out[p["num_carry"] :], strict=True):
+            y[i] = value
+    return [*carry, *ys]
+
+
+def _scatter(eqn, inputs, size):
+    """A scatter whose indices are known: each update element's target found by scattering a
+    one-hot marker, then combined with the operand's element there (`update_jaxpr`; `set` for
+    `scatter`)."""
+    operand, indices, updates = inputs
+    if not all(known(i) for i in indices.reshape(-1)):
+        raise Unsupported(
+            "the fused ensemble kernel cannot write to an array at a per-lane index "
+            f"(`{eqn.primitive.name}`)"
+        )
+    static = np.array(indices.tolist(), dtype=_aval(eqn.invars[1]).dtype)
+    params = eqn.params
+    out = operand.copy().reshape(-1)
+    flat_updates = updates.reshape(-1)
+    for j, target in _scatter_targets(operand.shape, updates.shape, static, params):
+        value = flat_updates[j]
+        if eqn.primitive.name != "scatter":
+            combine = _SCATTER_COMBINE[eqn.primitive.name]
+            value = bind_elements(combine, [out[target], value], {}, size)
+        out[target] = value
+    return out.reshape(operand.shape)
+
+
+def _scatter_targets(operand_shape, updates_shape, indices, params) -> list[tuple[int, int]]:
+    """`(update, target)` flat positions of a scatter with known `indices`, in update order
+    (an update whose index is out of range has none: it is dropped)."""
+    count = int(np.prod(updates_shape, dtype=int))
+    pairs = []
+    with jax.ensure_compile_time_eval():
+        for j in range(count):
+            marker = np.zeros(count, np.float32)
+            marker[j] = 1
+            landed = lax.scatter_add(
+                jnp.zeros(operand_shape, jnp.float32), jnp.asarray(indices),
+                jnp.asarray(marker.reshape(updates_shape)), params["dimension_numbers"],
+                mode=params["mode"],
+            )  # fmt: skip
+            pairs += [(j, int(t)) for t in np.flatnonzero(np.asarray(landed).reshape(-1))]
+    return pairs
+
+
+_SCATTER_COMBINE = {
+    "scatter-add": lax.add_p,
+    "scatter-mul": lax.mul_p,
+    "scatter-min": lax.min_p,
+    "scatter-max": lax.max_p,
+}
 
 _ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp
@@ -368,4 +502,14 @@ _RULES = {
     "dynamic_slice": _dynamic_slice,
     "gather": _gather,
     "cond": _cond,
+    "split": _moved(_split),
+    "cumsum": _cumulative(lax.add_p),
+    "cumprod": _cumulative(lax.mul_p),
+    "cummax": _cumulative(lax.max_p),
+    "cummin": _cumulative(lax.min_p),
+    "argmax": _arg_extreme(lax.gt_p),
+    "argmin": _arg_extreme(lax.lt_p),
+    "scan": _scan,
+    "scatter": _scatter,
+    **dict.fromkeys(_SCATTER_COMBINE, _scatter),
 }
