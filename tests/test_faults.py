@@ -33,7 +33,10 @@ from odeckpt._steppers import STEPPERS
 from odeckpt._steppers._implicit import AbstractImplicit
 from odeckpt._steppers._rosenbrock import AbstractRosenbrock
 
-STEPPER_NAMES = sorted(STEPPERS)
+# Every built-in stepper by name, and the reversible wrapper of one (a stepper object).
+SOLVERS = {name: cls() for name, cls in STEPPERS.items()}
+SOLVERS["reversible_tsit5"] = odeckpt.Reversible(odeckpt.Tsit5())
+STEPPER_NAMES = sorted(SOLVERS)
 REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating",
            "interpolating_resolved")  # fmt: skip
 ADJOINTS = (*REVERSE, "forward")
@@ -60,12 +63,13 @@ FAULTS = (np.nan, np.inf, -np.inf)
 DEFAULT_PAIRS = {
     ("heun", "forward"), ("ralston", "direct"), ("bosh3", "recursive"),
     ("midpoint", "interpolating"), ("dopri5", "backsolve"), ("kvaerno5", "forward_sensitivity"),
+    ("reversible_tsit5", "direct"),
 }  # fmt: skip
 
 
 def _pairs(fast=DEFAULT_PAIRS, jit="jax.jit"):
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
-        if adjoint == "interpolating_resolved" and STEPPERS[name].error_order is None:
+        if adjoint == "interpolating_resolved" and SOLVERS[name].error_order is None:
             continue  # the re-solve needs an adaptive stepper (a clear error otherwise)
         marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
         yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
@@ -74,9 +78,9 @@ def _pairs(fast=DEFAULT_PAIRS, jit="jax.jit"):
 def _step_options(name: str) -> dict:
     """Constant steps for the steppers without an error estimate, adaptive for the others (at
     a tolerance the low-order ones reach in a few hundred steps)."""
-    if STEPPERS[name].error_order is None:
+    if SOLVERS[name].error_order is None:
         return dict(controller=odeckpt.ConstantStep(), dt0=T1 / 64)
-    tol = 1e-6 if STEPPERS[name].order >= 3 else 1e-4
+    tol = 1e-6 if SOLVERS[name].order >= 3 else 1e-4
     return dict(rtol=tol, atol=tol)
 
 
@@ -86,8 +90,8 @@ def _accuracy(name: str, adjoint: str) -> float:
     an implicit stepper) are as accurate as the continuous extension, whose error is that of
     its degree when that is below the stepper's order (cubic ones: Dopri8 2e-4, Kvaerno4
     4e-4 here)."""
-    stepper = STEPPERS[name]
-    implicit = issubclass(stepper, AbstractImplicit | AbstractRosenbrock)
+    stepper = SOLVERS[name]
+    implicit = isinstance(stepper, AbstractImplicit | AbstractRosenbrock)
     reads_dense = adjoint.startswith("interpolating") or (adjoint == "backsolve" and implicit)
     if reads_dense and stepper.dense_degree < stepper.order:
         return 1e-3
@@ -139,7 +143,7 @@ def _batched(name: str, adjoint: str, jit: str = "jax.jit"):
 
     def solve(y0, k, t_fault, value):
         return odeckpt.solve(
-            faulty_field, jnp.stack([y0]), (0.0, T1), (k, t_fault, value), solver=name,
+            faulty_field, jnp.stack([y0]), (0.0, T1), (k, t_fault, value), solver=SOLVERS[name],
             adjoint=resolved, throw=False, max_steps=256, **options,
         )  # fmt: skip
 
@@ -206,8 +210,8 @@ def _check_lanes(name: str, adjoint: str, lanes: Lanes, jit: str):
 def test_throw_raises_for_a_failing_lane(name):
     def final(k):
         sol = odeckpt.solve(
-            faulty_field, jnp.ones(1), (0.0, T1), (k, 0.5, jnp.nan), solver=name, max_steps=256,
-            **_step_options(name),
+            faulty_field, jnp.ones(1), (0.0, T1), (k, 0.5, jnp.nan), solver=SOLVERS[name],
+            max_steps=256, **_step_options(name),
         )  # fmt: skip
         return sol.ys
 
@@ -356,8 +360,8 @@ def _decay(t, y, args):
 
 
 def _edge_solver(name: str, jit: str = "jax.jit"):
-    order = STEPPERS[name].order
-    if STEPPERS[name].error_order is None:
+    order = SOLVERS[name].order
+    if SOLVERS[name].error_order is None:
         options = dict(controller=odeckpt.ConstantStep())
         tol = {1: 2e-2, 2: 1e-4}.get(order, 1e-8)
     else:
@@ -371,7 +375,7 @@ def _edge_solver(name: str, jit: str = "jax.jit"):
         constant = "controller" in options
         y0 = {"real": jnp.exp(-jnp.stack([t0])), "complex": jnp.exp(LAMBDA * jnp.stack([t0]))}
         return odeckpt.solve(
-            _decay, y0, (t0, t1), solver=name, saveat=odeckpt.SaveAt(ts=ts, dense=True),
+            _decay, y0, (t0, t1), solver=SOLVERS[name], saveat=odeckpt.SaveAt(ts=ts, dense=True),
             max_steps=2**16, dt0=(t1 - t0) / 256 if constant else None, **options,
         )  # fmt: skip
 

@@ -17,6 +17,7 @@ def _on_lanes(function, t, ys, args):
     """`function(t, y, args)` for every lane (rows of `ys` and `args`) by the lane evaluation:
     `t` uniform, each element of `y` and `args` a lane vector."""
     closed = jax.make_jaxpr(function)(t, ys[0], args[0])
+
     def per_lane(x):
         out = np.empty(x.shape[1:], dtype=object)
         for i in range(x.shape[1]):

@@ -34,6 +34,7 @@ from ._newton import (
 from ._radau import Radau5 as Radau5, RadauState as RadauState
 from ._radau_tableau import CollocationTableau as CollocationTableau
 from ._registry import STEPPERS as STEPPERS, stepper_from_name as stepper_from_name
+from ._reversible import Reversible as Reversible, ReversibleState as ReversibleState
 from ._rosenbrock import (
     AbstractRosenbrock as AbstractRosenbrock,
     Rodas5 as Rodas5,

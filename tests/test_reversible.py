@@ -1,0 +1,156 @@
+"""`odeckpt.Reversible`: McCallum & Foster's algebraically reversible wrapper of an explicit
+stepper. Its order is the wrapped stepper's, its steps can be undone to round-off, and it solves
+and differentiates as every stepper does."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odeckpt
+
+PARAMS = jnp.array([1.1, 0.4, 0.4, 0.1])
+Y0 = jnp.array([10.0, 5.0])
+
+
+def lotka_volterra(t, y, args):
+    a, b, c, d = args[0], args[1], args[2], args[3]
+    return jnp.stack([a * y[0] - b * y[0] * y[1], d * y[0] * y[1] - c * y[1]])
+
+
+def decay(t, y, args):
+    return -y + jnp.sin(t)
+
+
+def _exact_decay(t, y0):
+    """The solution of `y' = -y + sin t`."""
+    particular = lambda s: (jnp.sin(s) - jnp.cos(s)) / 2
+    return (y0 - particular(0.0)) * jnp.exp(-t) + particular(t)
+
+
+@pytest.mark.parametrize("base, order", [(odeckpt.Heun(), 2), (odeckpt.RK4(), 4)])
+def test_the_order_is_the_wrapped_steppers(base, order):
+    y0 = jnp.array([1.0, -0.5])
+    errors = []
+    for dt in (0.1, 0.05, 0.025):
+        sol = odeckpt.solve(
+            decay, y0, (0.0, 2.0), solver=odeckpt.Reversible(base),
+            controller=odeckpt.ConstantStep(), dt0=dt,
+        )  # fmt: skip
+        errors.append(float(jnp.max(jnp.abs(sol.ys[-1] - _exact_decay(2.0, y0)))))
+    slopes = np.diff(np.log(errors)) / np.log(0.5)
+    assert np.all(np.abs(slopes - order) < 0.25), slopes
+
+
+@pytest.mark.parametrize("coupling", [1.0, 0.999])
+def test_steps_are_undone_to_round_off(coupling):
+    stepper = odeckpt.Reversible(odeckpt.Tsit5(), coupling)
+    times = np.linspace(0.0, 10.0, 1001)
+
+    def forward(carry, t01):
+        y, state = carry
+        step = stepper.step(lotka_volterra, t01[0], t01[1], y, PARAMS, state)
+        return (step.y1, step.state), None
+
+    def backward(carry, t01):
+        y, state = carry
+        return stepper.undo(lotka_volterra, t01[0], t01[1], y, PARAMS, state), None
+
+    pairs = jnp.stack([times[:-1], times[1:]], axis=1)
+    start = (Y0, stepper.init(lotka_volterra, 0.0, Y0, PARAMS))
+    end, _ = jax.lax.scan(forward, start, pairs)
+    (y, state), _ = jax.lax.scan(backward, end, pairs, reverse=True)
+    assert float(jnp.max(jnp.abs(end[0] - Y0))) > 1  # it went somewhere
+    np.testing.assert_allclose(y, Y0, rtol=1e-11)
+    np.testing.assert_allclose(state.z, Y0, rtol=1e-11)
+
+
+def test_an_adaptive_solve_is_as_accurate_as_its_tolerance():
+    ts = jnp.linspace(0.0, 10.0, 11)
+    reference = odeckpt.solve(lotka_volterra, Y0, (0.0, 10.0), PARAMS, rtol=1e-12, atol=1e-12,
+                              saveat=ts)  # fmt: skip
+    sol = odeckpt.solve(
+        lotka_volterra, Y0, (0.0, 10.0), PARAMS, rtol=1e-8, atol=1e-8, saveat=ts,
+        solver=odeckpt.Reversible(odeckpt.Tsit5()),
+    )  # fmt: skip
+    assert sol.status == odeckpt.Status.successful
+    np.testing.assert_allclose(sol.ys, reference.ys, rtol=1e-5)
+    dense = odeckpt.solve(
+        lotka_volterra, Y0, (0.0, 10.0), PARAMS, rtol=1e-8, atol=1e-8,
+        saveat=odeckpt.SaveAt(dense=True), solver=odeckpt.Reversible(odeckpt.Tsit5()),
+    )  # fmt: skip
+    middle = jax.vmap(dense.evaluate)(ts[1:-1] + 0.37)
+    expected = odeckpt.solve(lotka_volterra, Y0, (0.0, 10.0), PARAMS, rtol=1e-12, atol=1e-12,
+                             saveat=ts[1:-1] + 0.37).ys  # fmt: skip
+    np.testing.assert_allclose(middle, expected, rtol=1e-4)
+
+
+def test_gradients_equal_across_adjoints_and_finite_differences():
+    solver = odeckpt.Reversible(odeckpt.Tsit5())
+
+    def loss(params, adjoint):
+        sol = odeckpt.solve(lotka_volterra, Y0, (0.0, 5.0), params, rtol=1e-8, atol=1e-8,
+                            solver=solver, adjoint=adjoint)  # fmt: skip
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    direct = jax.grad(loss)(PARAMS, "direct")
+    recursive = jax.grad(loss)(PARAMS, "recursive")
+    forward = jax.jacfwd(loss)(PARAMS, "forward")
+    np.testing.assert_allclose(recursive, direct, rtol=1e-10)
+    np.testing.assert_allclose(forward, direct, rtol=1e-10)
+    h = 1e-6
+    for k in range(4):
+        e = jnp.zeros(4).at[k].set(h * PARAMS[k])
+        difference = (loss(PARAMS + e, "direct") - loss(PARAMS - e, "direct")) / (2 * e[k])
+        np.testing.assert_allclose(direct[k], difference, rtol=1e-5)
+
+
+def test_vmap_lanes_equal_solo_lanes():
+    solver = odeckpt.Reversible(odeckpt.Dopri5(), 0.99)
+    params = jnp.stack([PARAMS, 1.1 * PARAMS, 0.9 * PARAMS])
+
+    def one(p):
+        sol = odeckpt.solve(lotka_volterra, Y0, (0.0, 5.0), p, solver=solver)
+        return sol.ys[-1], sol.stats.num_steps
+
+    ys, steps = jax.vmap(one)(params)
+    for lane in range(3):
+        y, n = one(params[lane])
+        np.testing.assert_allclose(ys[lane], y, rtol=1e-12)
+        assert int(steps[lane]) == int(n)
+
+
+def test_pytree_float32_state_and_a_failing_vector_field():
+    def field(t, y, args):
+        dx = -y["x"] * jnp.where(t > 0.5, jnp.nan, 1.0)
+        return {"x": dx, "v": -0.5 * y["v"]}
+
+    y0 = {"x": jnp.ones(2, jnp.float32), "v": jnp.ones(3, jnp.float32)}
+    solver = odeckpt.Reversible(odeckpt.Bosh3())
+    ok = odeckpt.solve(lambda t, y, a: jax.tree.map(jnp.negative, y), y0, (0.0, 1.0),
+                       solver=solver)  # fmt: skip
+    assert ok.ys["v"].dtype == jnp.float32
+    np.testing.assert_allclose(ok.ys["v"][-1], np.exp(-1.0), rtol=1e-4)
+    sol = odeckpt.solve(field, y0, (0.0, 1.0), solver=solver, throw=False)
+    assert sol.status == odeckpt.Status.nonfinite
+    grad = jax.grad(
+        lambda y: jnp.sum(
+            odeckpt.solve(field, y, (0.0, 1.0), solver=solver, throw=False).ys["v"]
+        )  # fmt: skip
+    )(y0)
+    assert bool(jnp.all(jnp.isnan(grad["v"])))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: odeckpt.Reversible(odeckpt.Tsit5(), coupling=0.0), r"\(0, 1\]"),
+        (lambda: odeckpt.Reversible(odeckpt.Tsit5(), coupling=1.5), r"\(0, 1\]"),
+        (lambda: odeckpt.Reversible(odeckpt.Kvaerno5()), "explicit one-step"),
+        (lambda: odeckpt.Reversible(odeckpt.BDF()), "explicit one-step"),
+        (lambda: odeckpt.Reversible("tsit5"), "needs a stepper"),
+    ],
+)
+def test_bad_configuration_is_refused_with_the_fix(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
