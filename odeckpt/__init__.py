@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         ForwardSensitivity as ForwardSensitivity,
         InterpolatingAdjoint as InterpolatingAdjoint,
         RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
+        ReversibleAdjoint as ReversibleAdjoint,
     )
     from ._ensemble import ensemble as ensemble
     from ._jit import jit as jit
@@ -79,6 +80,7 @@ _PUBLIC = {
         "ForwardSensitivity",
         "InterpolatingAdjoint",
         "RecursiveCheckpointAdjoint",
+        "ReversibleAdjoint",
     ),
     "._loop": (
         "AbstractAdaptiveController",

@@ -38,11 +38,17 @@ SOLVERS = {name: cls() for name, cls in STEPPERS.items()}
 SOLVERS["reversible_tsit5"] = odeckpt.Reversible(odeckpt.Tsit5())
 STEPPER_NAMES = sorted(SOLVERS)
 REVERSE = ("direct", "recursive", "backsolve", "forward_sensitivity", "interpolating",
-           "interpolating_resolved")  # fmt: skip
+           "interpolating_resolved", "reversible")  # fmt: skip
 ADJOINTS = (*REVERSE, "forward")
 # How a case is compiled: by a plain `jax.jit` (failures raise through host callbacks inside the
 # program) or by `odeckpt.jit` (as `checkify` checks, raised on the host after the call).
 JITS = {"jax.jit": jax.jit, "odeckpt.jit": odeckpt.jit}
+
+
+def _solver_for(adjoint: str):
+    """The default stepper, or for `ReversibleAdjoint` (which undoes the steps of a reversible
+    stepper only) the reversible Tsit5."""
+    return SOLVERS["reversible_tsit5"] if adjoint == "reversible" else "tsit5"
 
 
 def _adjoint(name: str, tol: float | None = 1e-10):
@@ -63,7 +69,7 @@ FAULTS = (np.nan, np.inf, -np.inf)
 DEFAULT_PAIRS = {
     ("heun", "forward"), ("ralston", "direct"), ("bosh3", "recursive"),
     ("midpoint", "interpolating"), ("dopri5", "backsolve"), ("kvaerno5", "forward_sensitivity"),
-    ("reversible_tsit5", "direct"),
+    ("reversible_tsit5", "reversible"),
 }  # fmt: skip
 
 
@@ -71,6 +77,8 @@ def _pairs(fast=DEFAULT_PAIRS, jit="jax.jit"):
     for name, adjoint in itertools.product(STEPPER_NAMES, ADJOINTS):
         if adjoint == "interpolating_resolved" and SOLVERS[name].error_order is None:
             continue  # the re-solve needs an adaptive stepper (a clear error otherwise)
+        if (adjoint == "reversible") != (name == "reversible_tsit5"):
+            continue  # it undoes reversible steps (a clear error otherwise); test_reversible
         marks = () if (name, adjoint) in fast else (pytest.mark.slow,)
         yield pytest.param(name, adjoint, marks=marks, id=f"{name}-{adjoint}")
 
@@ -285,7 +293,8 @@ def test_faulty_traced_tolerances_fail_per_lane(adjoint):
     def lane(rtol, atol, k):
         def final(k):
             sol = odeckpt.solve(faulty_field, jnp.ones(1), (0.0, T1), (k, 2.0, 0.0), rtol=rtol,
-                                atol=atol, adjoint=_adjoint(adjoint), throw=False)  # fmt: skip
+                                atol=atol, adjoint=_adjoint(adjoint), throw=False,
+                                solver=_solver_for(adjoint))  # fmt: skip
             return jnp.sum(sol.ys**2), sol
 
         sol = final(k)[1]
@@ -438,7 +447,12 @@ def test_derivatives_in_save_times_at_t0(adjoint):
 
     def saved(t0, ts):
         sol = odeckpt.solve(
-            lambda t, y, a: -k * y, jnp.ones(1), (t0, 1.0), saveat=ts, adjoint=_adjoint(adjoint)
+            lambda t, y, a: -k * y,
+            jnp.ones(1),
+            (t0, 1.0),
+            saveat=ts,
+            adjoint=_adjoint(adjoint),
+            solver=_solver_for(adjoint),
         )
         return sol.ys[0, 0]
 
@@ -460,7 +474,7 @@ def test_derivatives_with_repeated_save_times(adjoint):
     def saved(k, y0, ts, t1):
         sol = odeckpt.solve(
             lambda t, y, k: -k * y, y0, (0.0, t1), k, saveat=ts, adjoint=_adjoint(adjoint),
-            rtol=1e-10, atol=1e-12,
+            rtol=1e-10, atol=1e-12, solver=_solver_for(adjoint),
         )  # fmt: skip
         return sol.ys[:, 0]
 
@@ -479,7 +493,7 @@ def test_derivatives_with_repeated_save_times(adjoint):
 # in their state (Radau5's collocation polynomial, BDF's history) with one adjoint each; a
 # discrete adjoint (whose derivatives in t0 and t1 class 5 was) by default.
 _ZERO_LENGTH = [
-    *[(adjoint, "tsit5") for adjoint in ADJOINTS],
+    *[(adjoint, _solver_for(adjoint)) for adjoint in ADJOINTS],
     ("recursive", "radau"), ("backsolve", "radau"), ("direct", "bdf"), ("forward", "bdf"),
     ("forward_sensitivity", "radau"), ("forward_sensitivity", "bdf"),
 ]  # fmt: skip

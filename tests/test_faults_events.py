@@ -12,6 +12,9 @@ from test_faults import ADJOINTS, JITS, _adjoint
 
 import odeckpt
 
+# ReversibleAdjoint refuses events at call time (tests/test_reversible.py): the others here.
+ADJOINTS = tuple(adjoint for adjoint in ADJOINTS if adjoint != "reversible")
+
 
 def _event_lane(adjoint: str, jit: str = "jax.jit"):
     """`(ok, t*, d t*/d(y0, k))` per lane for `y' = -k y` stopped where `y` falls to 0.5

@@ -15,6 +15,7 @@ from ._checkpointed import (
     RecursiveCheckpointAdjoint as RecursiveCheckpointAdjoint,
 )
 from ._forward import ForwardMode as ForwardMode
+from ._reversible import ReversibleAdjoint as ReversibleAdjoint
 from ._sensitivity import ForwardSensitivity as ForwardSensitivity
 
 ADJOINTS: dict[str, type[AbstractAdjoint]] = {
@@ -24,5 +25,6 @@ ADJOINTS: dict[str, type[AbstractAdjoint]] = {
     "direct": DirectAdjoint,
     "forward": ForwardMode,
     "forward_sensitivity": ForwardSensitivity,
+    "reversible": ReversibleAdjoint,
 }
 """Every built-in adjoint, by the name `solve(adjoint=...)` accepts."""

@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._loop import IntegrationLoop, LoopState, Outputs
+from .._loop import IntegrationLoop, LoopState, Outputs, StepRecord
 from .._types import IntScalar
 from ..checkpointing import lockstep_while_loop
 
@@ -75,8 +75,11 @@ class AbstractWatch(eqx.Module):
     recent steps): `update` sees every attempted step and returns the watch after it."""
 
     @abc.abstractmethod
-    def update(self, before: LoopState, after: LoopState, writes) -> "AbstractWatch":
-        """This watch after the step from `before` to `after`, which wrote `writes`."""
+    def update(
+        self, before: LoopState, after: LoopState, writes, record: StepRecord
+    ) -> "AbstractWatch":
+        """This watch after the step from `before` to `after`, which wrote `writes` and took
+        the decisions `record`."""
 
 
 _Watch = TypeVar("_Watch", bound=AbstractWatch)
@@ -106,8 +109,8 @@ def while_loop(
 
     def body(carry):
         state, outputs, watch, steps = carry
-        new, writes, _ = loop.step(state)
-        watch = None if watch is None else watch.update(state, new, writes)
+        new, writes, record = loop.step(state)
+        watch = None if watch is None else watch.update(state, new, writes, record)
         return new, outputs.write(writes), watch, steps + 1
 
     state, outputs, watch, _ = lockstep_while_loop(

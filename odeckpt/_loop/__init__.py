@@ -33,4 +33,4 @@ from ._outputs import (
     written_groups as written_groups,
 )
 from ._progress import ProgressBar as ProgressBar, ProgressMeter as ProgressMeter
-from ._state import LoopState as LoopState
+from ._state import LoopState as LoopState, StepRecord as StepRecord

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._loop import LoopState, Writes
+from ..._loop import LoopState, StepRecord, Writes
 from .._base import AbstractWatch
 from ._stops import StoredStates
 
@@ -58,7 +58,10 @@ class TimeAnchors(AbstractWatch):
         targets = state.t + fractions * (t_end - state.t)
         return cls(targets, _empty(k, state), jnp.zeros((), jnp.int32))
 
-    def update(self, before: LoopState, after: LoopState, writes: Writes) -> "TimeAnchors":
+    def update(
+        self, before: LoopState, after: LoopState, writes: Writes, record: StepRecord
+    ) -> "TimeAnchors":
+        del record
         k = self.targets.shape[0]
         accepted = after.num_accepted > before.num_accepted
         target = self.targets[jnp.minimum(self.next_slot, k - 1)]
@@ -89,7 +92,10 @@ class StepAnchors(AbstractWatch):
         positions = jnp.full((k,), -1, jnp.int32)
         return cls(_empty(k, state), positions, jnp.asarray(every, jnp.int32))
 
-    def update(self, before: LoopState, after: LoopState, writes: Writes) -> "StepAnchors":
+    def update(
+        self, before: LoopState, after: LoopState, writes: Writes, record: StepRecord
+    ) -> "StepAnchors":
+        del record
         k = self.positions.shape[0]
         count = after.num_accepted
         due = (count > before.num_accepted) & (count % self.spacing == 0)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ..._loop import IntegrationLoop, LoopState, Outputs, Writes, piecewise
+from ..._loop import IntegrationLoop, LoopState, Outputs, StepRecord, Writes, piecewise
 from ..._status import Status
 from ..._types import BoolScalar, Scalar, Y
 from .._base import AbstractWatch, while_loop
@@ -59,7 +59,10 @@ class _Ring(AbstractWatch):
     window: Window
     max_steps: int = eqx.field(static=True)
 
-    def update(self, before: LoopState, after: LoopState, writes: Writes) -> "_Ring":
+    def update(
+        self, before: LoopState, after: LoopState, writes: Writes, record: StepRecord
+    ) -> "_Ring":
+        del record
         rows = self.window.starts.shape[0]
         assert writes.dense is not None  # the window's loop writes dense output
         index = writes.dense.index  # the accepted step's number, or out of range
