@@ -204,6 +204,7 @@ def test_the_reversible_adjoint_differentiates_y0_the_span_and_save_times():
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_the_reversible_adjoint_under_vmap_equals_solo_lanes():
     params = jnp.stack([PARAMS, 1.1 * PARAMS, 0.8 * PARAMS])
     grad = jax.grad(_reversible_loss)
@@ -225,6 +226,7 @@ def test_a_drifting_reconstruction_is_a_nan_gradient_and_an_error():
     assert bool(jnp.all(jnp.isfinite(fine)))
 
 
+@pytest.mark.slow
 def test_the_reversible_adjoints_memory_does_not_grow_with_the_steps():
     """A 256-point heat equation: the compiled gradient's temporaries grow only by the ~30
     bytes per step of records (max_steps 1000 -> 16000), where DirectAdjoint's grow by a state
@@ -271,6 +273,7 @@ def test_what_the_reversible_adjoint_cannot_undo_is_refused(keywords, match):
         jax.jacfwd(_reversible_loss)(PARAMS, "reversible")
 
 
+@pytest.mark.slow
 def test_the_reversible_adjoint_equals_direct_on_a_small_neural_ode():
     """An MLP vector field (2 -> 16 -> 2, tanh), the gradient with respect to all its weights."""
     key = jax.random.PRNGKey(0)
