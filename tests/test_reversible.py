@@ -150,6 +150,8 @@ def test_pytree_float32_state_and_a_failing_vector_field():
         (lambda: odeckpt.Reversible(odeckpt.Kvaerno5()), "explicit one-step"),
         (lambda: odeckpt.Reversible(odeckpt.BDF()), "explicit one-step"),
         (lambda: odeckpt.Reversible("tsit5"), "needs a stepper"),
+        (lambda: odeckpt.ReversibleAdjoint(max_drift=0.0), "positive, finite"),
+        (lambda: odeckpt.ReversibleAdjoint(max_drift=float("nan")), "positive, finite"),
     ],
 )
 def test_bad_configuration_is_refused_with_the_fix(make, match):

@@ -71,6 +71,18 @@ class ReversibleAdjoint(AbstractCustomRuleAdjoint):
 
     max_drift: float | None = None
 
+    def __check_init__(self):
+        drift = self.max_drift
+        if drift is not None and not (
+            isinstance(drift, int | float)
+            and not isinstance(drift, bool)
+            and 0 < drift < float("inf")
+        ):
+            raise ValueError(
+                f"ReversibleAdjoint(max_drift={drift!r}) must be a positive, finite number (or "
+                "None for the default). Fix: pass e.g. ReversibleAdjoint(max_drift=1e-8)."
+            )
+
     forward_error: ClassVar[str | None] = (
         "adjoint=ReversibleAdjoint() is reverse mode (jax.grad, jax.vjp, jax.jacrev). Fix: for "
         "jax.jvp / jax.jacfwd pass adjoint='forward', which differentiates the reversible "

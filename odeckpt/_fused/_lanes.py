@@ -205,7 +205,7 @@ def _dot_general(eqn, inputs, size):
     free_y = [a for a in range(y.ndim) if a not in contract_y and a not in batch_y]
     xs = np.transpose(x, list(batch_x) + free_x + list(contract_x))
     ys = np.transpose(y, list(batch_y) + list(contract_y) + free_y)
-    nb, nfx, nc = len(batch_x), len(free_x), len(contract_x)
+    nb, nfx = len(batch_x), len(free_x)
     batch_shape = xs.shape[:nb]
     k = int(np.prod(xs.shape[nb + nfx :], dtype=int))
     xs = xs.reshape(batch_shape + (-1, k))
@@ -219,7 +219,6 @@ def _dot_general(eqn, inputs, size):
         terms = [mul(xs[(*b, i, m)], ys[(*b, m, j)]) for m in range(k)]
         out[index] = functools.reduce(add, terms) if terms else np.zeros((), dtype)[()]
     shape = eqn.outvars[0].aval.shape
-    del nc
     return out.reshape(shape)
 
 
