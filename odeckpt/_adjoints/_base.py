@@ -72,7 +72,11 @@ class AbstractAdjoint(eqx.Module):
 
 class AbstractWatch(eqx.Module):
     """Something the plain runner keeps up to date as the loop steps (stored states, a window of
-    recent steps): `update` sees every attempted step and returns the watch after it."""
+    recent steps): `update` sees every attempted step and returns the watch after it.
+
+    A finished lane under `vmap` steps on with `after` equal to `before` and every write out of
+    range: `update` must then return the watch unchanged (the runner does not mask it, so that
+    its buffers are not copied at every step)."""
 
     @abc.abstractmethod
     def update(
@@ -107,14 +111,18 @@ def while_loop(
         state, _, _, steps = carry
         return loop.cond(state) & (steps < loop.max_steps)
 
-    def body(carry):
+    def body(carry, running):
+        # A finished lane (under `vmap`) steps on in lockstep: its state and count are kept by
+        # a select, its writes go out of range, so that the buffers are never copied.
         state, outputs, watch, steps = carry
         new, writes, record = loop.step(state)
+        new = jax.tree.map(lambda a, b: jnp.where(running, a, b), new, state)
+        writes = writes.only_where(running)
         watch = None if watch is None else watch.update(state, new, writes, record)
-        return new, outputs.write(writes), watch, steps + 1
+        return new, outputs.write(writes), watch, jnp.where(running, steps + 1, steps)
 
     state, outputs, watch, _ = lockstep_while_loop(
-        cond, body, (state, outputs, watch, jnp.zeros((), jnp.int32))
+        cond, body, (state, outputs, watch, jnp.zeros((), jnp.int32)), body_masks=True
     )
     return state, outputs, watch
 

@@ -40,6 +40,18 @@ class Writes(eqx.Module):
     steps: Rows | None = None
     dense: Rows | None = None
 
+    def only_where(self, keep: Array) -> "Writes":
+        """These writes where `keep` holds; elsewhere (a finished lane under `vmap`) every row
+        goes to an out-of-range index, which the buffers drop."""
+        dropped = jnp.iinfo(jnp.int32).max
+
+        def mask(rows):
+            if rows is None:
+                return None
+            return Rows(jnp.where(keep, rows.index, dropped), rows.values)
+
+        return Writes(mask(self.ts), mask(self.steps), mask(self.dense))
+
 
 class Outputs(eqx.Module):
     """The output buffers of a solve, by group (`None` for a group not requested).

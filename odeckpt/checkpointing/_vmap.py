@@ -66,7 +66,7 @@ def _lane_running_vmap(axis_size, in_batched, pred):
     return lane_running(pred), False
 
 
-def lockstep_while_loop(cond_fun, body_fun, init_val):
+def lockstep_while_loop(cond_fun, body_fun, init_val, *, body_masks: bool = False):
     """`jax.lax.while_loop(cond_fun, body_fun, init_val)`, whose predicate stays unbatched under
     `vmap`: the loop runs while any lane's `cond_fun` holds, and a lane whose `cond_fun` no
     longer holds keeps its value (as JAX's own batching of a while loop does).
@@ -76,7 +76,17 @@ def lockstep_while_loop(cond_fun, body_fun, init_val):
     produces has an unbatched predicate, which `jax.experimental.checkify` (and so
     `odeckpt.jit`) supports where it refuses a batched one.
 
-    **Arguments:** as for `jax.lax.while_loop`.
+    A finished lane keeps its value by a select over the whole loop value at every step. For a
+    value holding large buffers that each step writes a few rows of, that select costs a pass
+    over the buffers per step; with `body_masks=True` the body keeps finished lanes unchanged
+    itself (typically by writing their rows to an out-of-range index, dropped), at the cost of
+    the rows alone.
+
+    **Arguments:** as for `jax.lax.while_loop`, and
+
+    - `body_masks`: if `True`, `body_fun` is called as `body_fun(val, running)`, where `running`
+        is whether this lane's `cond_fun(val)` holds (the constant `True` outside `vmap`), and
+        must return `val` unchanged where `running` is false.
 
     **Returns:**
 
@@ -96,6 +106,8 @@ def lockstep_while_loop(cond_fun, body_fun, init_val):
 
     def body(val):
         running = lane_running(cond_fun(val))
+        if body_masks:
+            return body_fun(val, running)
         return jax.tree.map(lambda new, old: jnp.where(running, new, old), body_fun(val), val)
 
     return jax.lax.while_loop(lambda val: any_lane(cond_fun(val)), body, init_val)
