@@ -216,20 +216,46 @@ def test_the_reversible_adjoint_under_vmap_equals_solo_lanes():
         np.testing.assert_allclose(batched[lane], grad(params[lane], "reversible"), rtol=1e-12)
 
 
+def test_the_drift_and_the_undone_steps_are_reported():
+    records = []
+    adjoint = odeckpt.ReversibleAdjoint(on_backward=records.append)
+    solver = odeckpt.Reversible(odeckpt.Tsit5(), coupling=0.99)
+
+    def loss(params):
+        sol = odeckpt.solve(
+            lotka_volterra, Y0, (0.0, 2.0), params, rtol=1e-8, atol=1e-8, solver=solver,
+            adjoint=adjoint,
+        )  # fmt: skip
+        return jnp.sum(sol.ys**2), sol.stats.num_accepted_steps
+
+    _, steps = jax.grad(loss, has_aux=True)(PARAMS)
+    jax.effects_barrier()
+    (record,) = records
+    assert record["num_undone_steps"] == int(steps) > 10
+    assert record["succeeded"] is True
+    assert 0 <= record["drift"] <= 100 * np.finfo(np.float64).eps ** 0.75
+
+
 def test_a_drifting_reconstruction_is_a_nan_gradient_and_an_error():
     """A coupling of 0.5 doubles the round-off at every undone step: after a few dozen steps
     the reconstruction is garbage, and the gradient must not pretend otherwise."""
     solver = odeckpt.Reversible(odeckpt.Tsit5(), coupling=0.5)
-    grad = jax.grad(_reversible_loss)(PARAMS, "reversible", 20.0, solver, False)
+    records = []
+    adjoint = odeckpt.ReversibleAdjoint(on_backward=records.append)
+    grad = jax.grad(_reversible_loss)(PARAMS, adjoint, 20.0, solver, False)
+    jax.effects_barrier()
     assert bool(jnp.all(jnp.isnan(grad)))
+    assert records[0]["succeeded"] is False
+    assert not records[0]["drift"] <= 100 * np.finfo(np.float64).eps ** 0.75
     with pytest.raises(Exception, match="did not return to y0"):
         jax.block_until_ready(jax.grad(_reversible_loss)(PARAMS, "reversible", 20.0, solver))
 
 
 @pytest.mark.slow
 def test_the_reversible_adjoints_memory_does_not_grow_with_the_steps():
-    """A 256-point heat equation: the compiled gradient's temporaries grow only by the ~30
-    bytes per step of records (max_steps 1000 -> 16000), where DirectAdjoint's grow by a state
+    """A 256-point heat equation: from 10^3 to 10^6 steps the compiled gradient's temporaries
+    grow only by the ~30 bytes per step of records, where recursive checkpointing's grow by
+    states (its default keeps more checkpoints for more steps) and DirectAdjoint's by a state
     per step."""
 
     def heat(t, u, k):
@@ -248,10 +274,14 @@ def test_the_reversible_adjoints_memory_does_not_grow_with_the_steps():
 
         return odeckpt.compiled_memory(jax.grad(loss), jnp.array(0.1)).temp
 
-    growth = temp("reversible", 16000) - temp("reversible", 1000)
-    assert growth <= 40 * 15000
+    state = 256 * 8
+    reversible = {n: temp("reversible", n) for n in (10**3, 10**6)}
+    assert reversible[10**6] - reversible[10**3] <= 40 * (10**6 - 10**3)  # records, no states
+    # Recursive checkpointing keeps records of its own, and more checkpoints for more steps.
+    states = {n: temp("recursive", n) - reversible[n] for n in (10**3, 10**6)}
+    assert states[10**6] - states[10**3] >= 100 * state
     direct = temp("direct", 16000) - temp("direct", 1000)
-    assert direct >= 2 * 256 * 8 * 15000
+    assert direct >= 2 * state * 15000
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """`ReversibleAdjoint`: reverse mode through a reversible solve, undoing its steps."""
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import equinox as eqx
@@ -14,6 +15,7 @@ from .._steppers import Reversible, ReversibleState
 from ..checkpointing import lockstep_while_loop
 from ._base import AbstractWatch, GradientStats, while_loop
 from ._custom_rule import AbstractCustomRuleAdjoint, RuleInputs, checked, loop_cotangent
+from ._on_backward import check_on_backward, report
 
 
 class ReversibleAdjoint(AbstractCustomRuleAdjoint):
@@ -45,6 +47,12 @@ class ReversibleAdjoint(AbstractCustomRuleAdjoint):
     - `max_drift`: how far the reconstructed `y0'` (and second state) may lie from `y0`: within
         `max_drift * (1 + |y0|)` in the root mean square. `None`: `100 * eps**0.75` of the
         state's dtype (1.8e-10 in float64, 6.4e-4 in float32).
+    - `on_backward`: `None`, or a function called (through `jax.debug.callback`, once per
+        evaluation of the gradient and per batch element under `vmap`) with a `dict` of Python
+        values: `num_undone_steps`, `drift` (the root mean square of
+        `(y0' - y0) / (1 + |y0|)` over both states, in the units of `max_drift`) and
+        `succeeded` (`drift <= max_drift`). It must be hashable (a function or bound method):
+        `jax.jit` caches on it. Call `jax.effects_barrier()` before reading what it recorded.
 
     **Example:**
 
@@ -70,8 +78,10 @@ class ReversibleAdjoint(AbstractCustomRuleAdjoint):
     """
 
     max_drift: float | None = None
+    on_backward: Callable[[dict], None] | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
+        check_on_backward("ReversibleAdjoint", self.on_backward)
         drift = self.max_drift
         if drift is not None and not (
             isinstance(drift, int | float)
@@ -128,7 +138,7 @@ class ReversibleAdjoint(AbstractCustomRuleAdjoint):
 
     def reverse(self, inputs, saved, ct_out, want):
         del want  # every cotangent comes out of the same sweep
-        return _reverse(inputs, saved, ct_out)
+        return _reverse(inputs, saved, ct_out, self.on_backward)
 
     def tangent(self, inputs, saved, t_inputs):
         raise AssertionError("forward mode is refused (`forward_error`)")
@@ -178,11 +188,13 @@ class _Sweep(eqx.Module):
     ct_t: Array
     ct_y: object
     ct_stepper_state: object
-    ct_loop: object
+    ct_loop: IntegrationLoop
     ct_groups: list
 
 
-def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
+def _reverse(
+    inputs: RuleInputs, saved, ct_out, on_backward: Callable[[dict], None] | None
+) -> RuleInputs:
     loop, init = inputs.loop, inputs.init
     final, steps = saved
     ct_final, ct_outputs = ct_out
@@ -191,7 +203,9 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
     stepper = loop.stepper
     assert isinstance(stepper, Reversible)  # checked by `prepare`
 
-    def body(sweep: _Sweep) -> _Sweep:
+    def body(sweep: _Sweep, running) -> _Sweep:
+        # A finished lane (under `vmap`) reverses on in lockstep: its carry is kept by a select
+        # and its rows are out of range, so that the cotangent buffers are never copied.
         k = sweep.k
         t_start = steps.t[k]
         t_end = jnp.where(k + 1 < count, steps.t[jnp.minimum(k + 1, steps.t.shape[0] - 1)], final.t)
@@ -210,7 +224,7 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
             )
             groups = written_groups(writes)
             return ((new.t, new.y, new.stepper_state), [v for _, v in groups]), [
-                i for i, _ in groups
+                jnp.where(running, i, jnp.iinfo(jnp.int32).max) for i, _ in groups
             ]
 
         _, vjp, indices = jax.vjp(step, diff, t_start, y, state, has_aux=True)
@@ -225,8 +239,14 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
         ]
         ct_in = ((sweep.ct_t, sweep.ct_y, sweep.ct_stepper_state), ct_rows)
         ct_diff, ct_t, ct_y, ct_state = vjp(ct_in)
-        ct_loop = jax.tree.map(jnp.add, sweep.ct_loop, ct_diff)
-        return _Sweep(k - 1, y, state, ct_t, ct_y, ct_state, ct_loop, ct_groups)
+        ct_loop = jax.tree.map(lambda a, d: a + jnp.where(running, d, 0), sweep.ct_loop, ct_diff)
+        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(running, a, b), new, old)
+        return _Sweep(
+            k=pick(k - 1, k), y=pick(y, sweep.y), stepper_state=pick(state, sweep.stepper_state),
+            ct_t=pick(ct_t, sweep.ct_t), ct_y=pick(ct_y, sweep.ct_y),
+            ct_stepper_state=pick(ct_state, sweep.ct_stepper_state), ct_loop=ct_loop,
+            ct_groups=ct_groups,
+        )  # fmt: skip
 
     zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
     ct_stepper_state = jax.tree.map(
@@ -237,7 +257,7 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
         count - 1, final.y, final.stepper_state, ct_final.t, ct_final.y, ct_stepper_state,
         zeros(diff), ct_outputs.groups(),
     )  # fmt: skip
-    sweep = lockstep_while_loop(lambda sweep: sweep.k >= 0, body, start)
+    sweep = lockstep_while_loop(lambda sweep: sweep.k >= 0, body, start, body_masks=True)
     ct_t0, ct_t_end = _span_terms(loop, init, final, ct_final)
     drift = scaled_distance(
         (sweep.y, sweep.stepper_state.z), (init.y, init.stepper_state.z),
@@ -251,6 +271,11 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
         jax.tree.map(lambda _: None, init),
         t=sweep.ct_t + ct_t0, y=sweep.ct_y, stepper_state=sweep.ct_stepper_state,
     )  # fmt: skip
+    succeeded = drift <= 1
+    if on_backward is not None:
+        values = {"num_undone_steps": count, "drift": drift * inputs.settings}
+        values |= {"succeeded": succeeded}
+        report(on_backward, values, lambda values: {k: v.item() for k, v in values.items()})
     result = RuleInputs(ct_loop, ct_init, ct_outputs.from_groups(sweep.ct_groups), None, None)
     message = (
         "adjoint=ReversibleAdjoint(): undoing the solve's steps did not return to y0 (the "
@@ -258,7 +283,7 @@ def _reverse(inputs: RuleInputs, saved, ct_out) -> RuleInputs:
         "adjoint='recursive' (the default), a stepper coupling closer to 1, float64, or raise "
         "ReversibleAdjoint(max_drift=...)."
     )
-    return checked(result, loop, final, [(drift <= 1, message)])
+    return checked(result, loop, final, [(succeeded, message)])
 
 
 def _span_terms(loop: IntegrationLoop, init: LoopState, final: LoopState, ct_final):

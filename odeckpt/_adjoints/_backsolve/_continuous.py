@@ -18,6 +18,7 @@ from ..._steppers import AbstractStepper, map_jac, with_newton_tolerances
 from ..._types import ScalarLike
 from .._base import GradientStats
 from .._custom_rule import AbstractCustomRuleAdjoint
+from .._on_backward import check_on_backward
 from ._anchors import Anchoring
 from ._gradient import forward, reverse
 from ._setup import AbstractBackwardSolve, BackwardSetup
@@ -101,7 +102,7 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
                 f"{name}(solver={self.solver!r}) is not a stepper. Fix: pass e.g. "
                 "`odeckpt.Tsit5()`."
             )
-        _check_callback(name, self.on_backward)
+        check_on_backward(name, self.on_backward)
 
     def check_events(self, events):
         if any(e.update is not None for e in events):
@@ -224,24 +225,6 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
                 "controller's steps)."
             )
         return PIDController(rtol=self.rtol, atol=self.atol)
-
-
-def _check_callback(name: str, on_backward) -> None:
-    if on_backward is None:
-        return
-    if not callable(on_backward):
-        raise TypeError(
-            f"{name}(on_backward={on_backward!r}) is not callable. Fix: pass a function "
-            "taking one dict, e.g. `on_backward=records.append` or `on_backward=print`."
-        )
-    try:
-        hash(on_backward)
-    except TypeError:
-        raise TypeError(
-            f"{name}(on_backward={on_backward!r}) is not hashable, and `jax.jit` caches "
-            "on it. Fix: pass a function or a bound method (e.g. "
-            "`on_backward=recorder.record`)."
-        ) from None
 
 
 def _flags_only(saveat: SaveAt) -> SaveAt:

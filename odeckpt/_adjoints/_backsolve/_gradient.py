@@ -2,7 +2,6 @@
 and a reverse sweep that solves the adjoint equations backwards."""
 
 import dataclasses
-from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -13,6 +12,7 @@ from ..._loop import IntegrationLoop, LoopState, Outputs
 from .._base import while_loop
 from .._custom_rule import RuleInputs, checked, loop_cotangent
 from .._derivatives import OutputTimes, crossing_cotangents, pair, terminated
+from .._on_backward import report
 from ._backward import Backward, BackwardStats
 from ._problem import Problem
 from ._setup import BackwardSetup
@@ -53,7 +53,7 @@ def reverse(inputs: RuleInputs, saved, ct_out, want: RuleInputs) -> RuleInputs:
     ct_jumps = None if jumps is None else jnp.zeros_like(jumps.jump_ts)
     (a, g, ct_jumps), stats = setup.solve(backward, stored, a, g, ct_jumps)
     if setup.on_backward is not None:
-        _report(setup.on_backward, stats)
+        report(setup.on_backward, stats, _describe)
     a, g, ct_jumps = checked((a, g, ct_jumps), loop, final, [(stats.succeeded, setup.failure)])
     g_f, g_args = g
     ct_loop = loop_cotangent(loop, f=g_f, args=g_args, t_end=ct_t_end, ts=ct_ts,
@@ -102,21 +102,14 @@ def _at_end(loop: IntegrationLoop, problem: Problem, diff, final: LoopState, rat
     return pick(at_event, (ct_final.y, g))
 
 
-def _report(on_backward: Callable[[dict], None], stats: BackwardStats) -> None:
-    """Hand `stats` to `on_backward` on the host, as the Python values it documents. Under
-    `vmap` `jax.debug.callback` unrolls over the batch: one call per element, with scalars."""
-
-    def on_host(stats: BackwardStats) -> None:
-        accepted, rejected = stats.num_accepted.item(), stats.num_rejected.item()
-        on_backward(
-            {
-                "num_backward_steps": accepted + rejected,
-                "num_accepted_backward_steps": accepted,
-                "num_rejected_backward_steps": rejected,
-                "num_window_solves": stats.num_window_solves.item(),
-                "max_drift": stats.max_drift.item(),
-                "succeeded": stats.succeeded.item(),
-            }
-        )
-
-    jax.debug.callback(on_host, stats)
+def _describe(stats: BackwardStats) -> dict:
+    """What `on_backward` receives: the statistics as the Python values it documents."""
+    accepted, rejected = stats.num_accepted.item(), stats.num_rejected.item()
+    return {
+        "num_backward_steps": accepted + rejected,
+        "num_accepted_backward_steps": accepted,
+        "num_rejected_backward_steps": rejected,
+        "num_window_solves": stats.num_window_solves.item(),
+        "max_drift": stats.max_drift.item(),
+        "succeeded": stats.succeeded.item(),
+    }
