@@ -70,6 +70,10 @@ class IntegrationLoop(eqx.Module):
         assert state.events is not None  # carried wherever the loop has events
         return going & (state.events.event < 0)
 
+    def _running(self, state: LoopState) -> Array:
+        """Whether the loop steps on from `state`: `cond` holds and steps remain."""
+        return self.cond(state) & (state.num_steps < self.max_steps)
+
     def final_status(self, state: LoopState) -> Status:
         """How a run that ended in `state` went: `max_steps_reached` if it stopped before
         `t_end` without failing (or a terminal event), else the state's status."""
@@ -154,8 +158,9 @@ class IntegrationLoop(eqx.Module):
         )
         if self.events is not None or self.jump_ts is not None:
             new = self._after_step(state, new, accept, crossing)
-        if self.progress is not None:
-            new = self.progress.update(new, new.t)
+        if self.progress is not None and recorded is None:
+            # (A step that follows recorded decisions is a reverse sweep's recomputation.)
+            self.progress.update(state, new, self._running(state), self._running(new))
         fired = None if crossing is None else accept & crossing.found
         return (
             new,
