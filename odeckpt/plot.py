@@ -8,13 +8,13 @@ display (and without `MPLBACKEND` set) the Agg backend is used.
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 
-import equinox as eqx
-import jax
 import numpy as np
 
 from ._memory import CompiledMemory, MemoryReport
+from ._plot_data import XSCALES, YSCALES, Trajectories, choose_xscale, step_ends, trajectories
 from ._solution import Solution
 from .checkpointing.schedules import offline_schedule, online_schedule, optimal_cost, simulate
 
@@ -37,48 +37,56 @@ def _axes(ax):
     return plt.figure(figsize=(7, 4), layout="constrained").add_subplot()
 
 
-def _columns(ys) -> np.ndarray:
-    """A pytree of `[T, ...]` arrays as one `[T, components]` array."""
-    leaves = [np.asarray(leaf).reshape(len(leaf), -1) for leaf in jax.tree.leaves(ys)]
-    return np.concatenate(leaves, axis=1)
+def solution(
+    sol: Solution,
+    *,
+    labels: Sequence[str] | None = None,
+    components: Sequence[int] | None = None,
+    xscale: str = "auto",
+    yscale: str = "linear",
+    band: tuple[float, float] = (0.0, 1.0),
+    samples: int = 1000,
+    steps: bool = True,
+    ax=None,
+):
+    """Plot each component of the state against time: one solution, or an ensemble as a band.
 
+    Each artist drawn says what it is by its `gid`:
 
-def _evaluate(sol: Solution, ts: np.ndarray) -> np.ndarray:
-    """`sol.evaluate(ts)` as `[len(ts), components]`, compiled (eagerly it runs op by op)."""
-    return _columns(eqx.filter_jit(Solution.evaluate)(sol, ts))
+    - `"curve"`: with dense output, the stepper's continuous extension, evaluated at `samples`
+        times spread over the time axis (evenly; on a log axis geometrically, the same number
+        in every decade) and, for a single solve, at every step end; only where the solve went
+        (it is never extrapolated). Without dense output, the saved points joined by straight
+        lines.
+    - `"saved"`: the saved points (`sol.ts`, `sol.ys`), as open circles.
+    - `"steps"`: the end of every accepted step, as a tick on the time axis (known from dense
+        output or `SaveAt(steps=True)`; `steps=False` leaves them out).
+    - `"band"`: for an ensemble (a `Solution` batched by `jax.vmap` or from `odeckpt.ensemble`),
+        the band between the `band` quantiles of the members at each time, and their median as
+        the curve. A member counts where its solution is known (up to where it stopped if it
+        failed). Without dense output the members must share their save times.
 
-
-def _accepted_steps(sol: Solution) -> tuple[np.ndarray, np.ndarray]:
-    """Times and states at `t0` and at the end of every accepted step."""
-    if sol.dense is not None:
-        direction = 1.0 if float(sol.t1) >= float(sol.t0) else -1.0
-        ends = np.asarray(sol.dense.t_ends)[: int(sol.dense.num_accepted)] * direction
-        ts = np.concatenate([[float(sol.t0)], ends])
-        return ts, _evaluate(sol, ts)
-    # The `inf` padding after the last step is what a `SaveAt(steps=True)` block leaves in the
-    # solution (a solve that used all of `max_steps` has none: use dense output there).
-    ts = np.asarray(sol.ts) if sol.ts is not None else np.zeros(0)
-    if sol.ts is None or np.all(np.isfinite(ts)):
-        raise ValueError(
-            "plotting the accepted steps needs them in the solution. Fix: solve with "
-            "`saveat=odeckpt.SaveAt(steps=True)` (add `t0=True` to include the start) or "
-            "`saveat=odeckpt.SaveAt(dense=True)`."
-        )
-    finite = np.isfinite(ts)
-    return ts[finite], _columns(sol.ys)[finite]
-
-
-def solution(sol: Solution, *, labels: Sequence[str] | None = None, ax=None):
-    """Plot the trajectory of each state component with the accepted steps marked.
-
-    With dense output the curves are the stepper's continuous extension on a fine grid and the
-    markers the step ends; with `SaveAt(steps=True)` the saved points are joined by straight
-    lines. At most 8 components are drawn (the first ones of the flattened state).
+    `xscale="auto"` draws a log time axis when no time is negative and half of the times the
+    solution knows (its step ends with dense output, else its saved times) lie in the first
+    hundredth of the span, as for a stiff problem over many decades; a linear one otherwise.
+    A log time axis starts at the first positive time the solution knows (the first step end
+    when `t0 = 0`) and leaves out the points at `t <= 0`; a log value axis
+    (`yscale="log"`) leaves out values `<= 0` (a gap in the curve, never a line to the edge).
 
     **Arguments:**
 
-    - `sol`: a `Solution` from a solve with `saveat=SaveAt(dense=True)` or `SaveAt(steps=True)`.
-    - `labels`: a name for each component drawn (default `y[0]`, `y[1]`, ...).
+    - `sol`: a `Solution` with saved points (`SaveAt(ts=...)`, `steps=True`, ...) or dense
+        output (`SaveAt(dense=True)`), or both; batched for an ensemble.
+    - `labels`: a name for each component drawn (default: `y` followed by the path of the leaf
+        and the index in it, as `y[0]` or `y['position'][1]`).
+    - `components`: which components of the flattened state to draw (default: all, or the first
+        8 of a larger state; the title says how many of how many are drawn).
+    - `xscale`: `"auto"`, `"linear"` or `"log"` time axis.
+    - `yscale`: `"linear"` or `"log"` value axis.
+    - `band`: for an ensemble, the lower and upper quantiles that bound the band (default
+        `(0.0, 1.0)`: minimum to maximum).
+    - `samples`: how many times the dense output is evaluated at, besides the step ends.
+    - `steps`: mark the step ends on the time axis.
     - `ax`: matplotlib axes to draw on (default: a new figure).
 
     **Returns:**
@@ -91,37 +99,136 @@ def solution(sol: Solution, *, labels: Sequence[str] | None = None, ax=None):
     >>> import jax.numpy as jnp
     >>> import odeckpt
     >>> f = lambda t, y, args: jnp.stack([y[1], -y[0]])
-    >>> sol = odeckpt.solve(f, jnp.array([1.0, 0.0]), (0.0, 6.0),
-    ...                     saveat=odeckpt.SaveAt(dense=True))
-    >>> ax = odeckpt.plot.solution(sol)
-    >>> len(ax.lines)  # a curve and the step markers for each component
-    4
+    >>> saveat = odeckpt.SaveAt(ts=jnp.linspace(0.0, 6.0, 7), dense=True)
+    >>> sol = odeckpt.solve(f, jnp.array([1.0, 0.0]), (0.0, 6.0), saveat=saveat)
+    >>> ax = odeckpt.plot.solution(sol, labels=["position", "velocity"])
+    >>> [line.get_gid() for line in ax.lines]
+    ['curve', 'saved', 'curve', 'saved', 'steps']
+    >>> [text.get_text() for text in ax.get_legend().get_texts()][:3]
+    ['position', 'velocity', 'saved points']
 
     ```
     """
-    steps_t, steps_y = _accepted_steps(sol)
+    _check_choice("xscale", xscale, XSCALES)
+    _check_choice("yscale", yscale, YSCALES)
+    if not 0.0 <= band[0] < band[1] <= 1.0:
+        raise ValueError(f"`band` must be two quantiles 0 <= low < high <= 1, got {band}.")
+    if samples < 2:
+        raise ValueError(f"`samples` must be at least 2, got {samples}.")
+    data = trajectories(sol, xscale, samples)
+    drawn = _drawn_components(data.labels, components, labels)
     ax = _axes(ax)
-    if sol.dense is not None:
-        curve_t = np.linspace(float(sol.t0), float(sol.t1), 400)
-        curve_y = _evaluate(sol, curve_t)
-    else:
-        curve_t, curve_y = steps_t, steps_y
-    count = min(curve_y.shape[1], _MAX_COMPONENTS)
-    labels = [f"y[{i}]" for i in range(count)] if labels is None else labels
-    for i, label in zip(range(count), labels, strict=True):
-        (line,) = ax.plot(curve_t, curve_y[:, i], label=label)
-        ax.plot(steps_t, steps_y[:, i], "o", markersize=3, color=line.get_color())
-    ax.set(xlabel="t", ylabel="y", title=f"solution ({len(steps_t) - 1} accepted steps marked)")
-    ax.legend(loc="best", fontsize="small")
+    handles = []
+    for colour, (index, label) in enumerate(drawn):
+        handles.append(_draw_component(ax, data, index, label, f"C{colour}", band, yscale))
+    handles += _draw_marks(ax, data, steps, band)
+    ax.set(xscale=data.xscale, yscale=yscale, xlabel="t", ylabel="y")
+    ax.set_title(_title(data, len(drawn), band))
+    ax.legend(handles=handles, loc="best", fontsize="small")
     return ax
 
 
-def step_sizes(sol: Solution, *, ax=None):
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
+
+
+def _drawn_components(
+    names: tuple[str, ...], components: Sequence[int] | None, labels: Sequence[str] | None
+) -> list[tuple[int, str]]:
+    """`(index, label)` of each component to draw."""
+    if components is None:
+        components = range(min(len(names), _MAX_COMPONENTS))
+    for index in components:
+        if not -len(names) <= index < len(names):
+            raise ValueError(
+                f"component {index} does not exist: the flattened state has {len(names)} "
+                f"components, {names[0]} to {names[-1]}. Fix: pass indices from 0 to "
+                f"{len(names) - 1} as `components=`."
+            )
+    if labels is None:
+        labels = [names[index] for index in components]
+    if len(labels) != len(components):
+        raise ValueError(
+            f"{len(labels)} labels for {len(components)} components drawn. Fix: pass one label "
+            "per component (see `components=`)."
+        )
+    return list(zip(components, labels, strict=True))
+
+
+def _shown(values: np.ndarray, yscale: str) -> np.ndarray:
+    """`values`, with those a log axis cannot show (`<= 0`) left out as NaN."""
+    return np.where(values > 0, values, np.nan) if yscale == "log" else values
+
+
+def _draw_component(ax, data: Trajectories, index: int, label: str, colour, band, yscale):
+    """Draw one component (its curve, saved points or band); **returns** its curve."""
+    t, y = data.curve.t, data.curve.y[..., index]
+    if data.members > 1:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # times no member has reached
+            low, median, high = np.nanquantile(y, [band[0], 0.5, band[1]], axis=0)
+        ax.fill_between(
+            t, _shown(low, yscale), _shown(high, yscale), color=colour, alpha=0.25, lw=0, gid="band"
+        )
+        y = median[None]
+    (line,) = ax.plot(t, _shown(y[0], yscale), color=colour, label=label, gid="curve")
+    if data.saved is not None and data.saved.t.size > 0:
+        saved = _shown(data.saved.y[0, :, index], yscale)
+        ax.plot(data.saved.t, saved, "o", color=colour, fillstyle="none", ms=5, gid="saved")
+    return line
+
+
+def _draw_marks(ax, data: Trajectories, steps: bool, band) -> list:
+    """Draw the step ends; **returns** the legend entries of the saved points, step ends and
+    band."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = []
+    if data.saved is not None and data.saved.t.size > 0:
+        handles.append(
+            Line2D(
+                [], [], color="0.3", marker="o", fillstyle="none", ls="none", label="saved points"
+            )
+        )
+    if steps and data.step_ends is not None and data.step_ends.size > 0:
+        ends = data.step_ends
+        # A tick at the foot of the axes for each step end: `x` in data, `y` in axes units.
+        ax.plot(
+            ends, np.zeros_like(ends), "|", color="0.4", ms=8, mew=0.6, gid="steps",
+            transform=ax.get_xaxis_transform(), clip_on=False,
+        )  # fmt: skip
+        handles.append(Line2D([], [], color="0.4", marker="|", ls="none", label="step ends"))
+    if data.members > 1:
+        handles.append(Patch(color="0.3", alpha=0.25, label=_band_name(band)))
+    return handles
+
+
+def _band_name(band: tuple[float, float]) -> str:
+    if band == (0.0, 1.0):
+        return "min to max"
+    return f"quantiles {band[0]:g} to {band[1]:g}"
+
+
+def _title(data: Trajectories, drawn: int, band: tuple[float, float]) -> str:
+    if data.members > 1:
+        what = f"{data.members} solutions: median, band {_band_name(band)}"
+    elif data.step_ends is not None:
+        what = f"solution ({len(data.step_ends)} accepted steps)"
+    else:
+        what = "solution"
+    total = len(data.labels)
+    return what if drawn == total else f"{what}, {drawn} of {total} components"
+
+
+def step_sizes(sol: Solution, *, xscale: str = "auto", ax=None):
     """Plot the size of every accepted step against the time it ends at (log scale).
 
     **Arguments:**
 
     - `sol`: a `Solution` from a solve with `saveat=SaveAt(dense=True)` or `SaveAt(steps=True)`.
+    - `xscale`: `"auto"`, `"linear"` or `"log"` time axis, chosen by `"auto"` as for `solution`.
     - `ax`: matplotlib axes to draw on (default: a new figure).
 
     **Returns:**
@@ -135,18 +242,32 @@ def step_sizes(sol: Solution, *, ax=None):
     >>> import odeckpt
     >>> f = lambda t, y, args: jnp.stack([y[1], -y[0]])
     >>> sol = odeckpt.solve(f, jnp.array([1.0, 0.0]), (0.0, 6.0),
-    ...                     saveat=odeckpt.SaveAt(t0=True, steps=True))
+    ...                     saveat=odeckpt.SaveAt(steps=True))
     >>> ax = odeckpt.plot.step_sizes(sol)
-    >>> ax.get_yscale()
-    'log'
+    >>> ax.get_yscale(), ax.get_xscale()
+    ('log', 'linear')
 
     ```
     """
-    ts, _ = _accepted_steps(sol)
-    ts = np.sort(ts) if ts[-1] >= ts[0] else np.sort(ts)[::-1]
+    _check_choice("xscale", xscale, XSCALES)
+    if np.shape(sol.t0) != ():
+        raise ValueError(
+            "`step_sizes` draws the steps of one solve, and this solution is batched. Fix: pick "
+            "one, e.g. `jax.tree.map(lambda x: x[0], sol)`."
+        )
+    ts = step_ends(sol)
+    if ts is None:
+        raise ValueError(
+            "plotting the accepted steps needs them in the solution. Fix: solve with "
+            "`saveat=odeckpt.SaveAt(steps=True)` or `saveat=odeckpt.SaveAt(dense=True)`."
+        )
+    ends, sizes = ts[1:], np.abs(np.diff(ts))
+    if xscale == "auto":
+        xscale = choose_xscale(ends, np.array([[ts.min(), ts.max()]]))
     ax = _axes(ax)
-    ax.plot(ts[1:], np.abs(np.diff(ts)), "o-", markersize=3)
-    ax.set(xlabel="t (end of step)", ylabel="step size", yscale="log", title="accepted steps")
+    ax.plot(ends, sizes, "o-", markersize=3)
+    ax.set(xlabel="t (end of step)", ylabel="step size", xscale=xscale, yscale="log")
+    ax.set_title(f"accepted steps ({len(ends)})")
     return ax
 
 
