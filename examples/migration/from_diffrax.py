@@ -18,7 +18,8 @@ y0 = jnp.array([2.0, 0.0])
 ts = jnp.linspace(0.0, 2.0, 20)
 target = jnp.stack([jnp.cos(ts), jnp.sin(ts)], axis=-1) * 2.0
 
-# --8<-- [start:diffrax]
+
+# The diffrax original: Tsit5 at rtol 1e-6, atol 1e-8, saved at `ts`.
 def field(t, y, mlp):
     return mlp(y)
 
@@ -31,19 +32,16 @@ def diffrax_loss(mlp):
         saveat=diffrax.SaveAt(ts=ts),
     )  # fmt: skip
     return jnp.mean((sol.ys - target) ** 2), sol.stats["num_steps"]
-# --8<-- [end:diffrax]
 
 
-# --8<-- [start:odeckpt]
+# The port: the same vector field; the span, args, stepper and tolerances as keywords of `solve`.
 @eqx.filter_jit
 def odeckpt_loss(mlp):
-    sol = odeckpt.solve(
-        field, y0, (0.0, 2.0), mlp, solver="tsit5", rtol=1e-6, atol=1e-8, saveat=ts
-    )
+    sol = odeckpt.solve(field, y0, (0.0, 2.0), mlp, solver="tsit5", rtol=1e-6, atol=1e-8, saveat=ts)
     return jnp.mean((sol.ys - target) ** 2), sol.stats["num_steps"]
-# --8<-- [end:odeckpt]
 
 
+# Both differentiate the discrete solve with recursive checkpointing: the same gradient.
 (loss_d, steps_d), grad_d = eqx.filter_value_and_grad(diffrax_loss, has_aux=True)(mlp)
 (loss_o, steps_o), grad_o = eqx.filter_value_and_grad(odeckpt_loss, has_aux=True)(mlp)
 leaves_d, leaves_o = jax.tree.leaves(grad_d), jax.tree.leaves(grad_o)

@@ -17,7 +17,8 @@ t_eval = np.logspace(-4, 4, 9)
 y0 = [1.0, 0.0, 0.0]
 atol = [1e-8, 1e-12, 1e-8]  # per component: y2 stays below 4e-5
 
-# --8<-- [start:scipy]
+
+# The scipy original: Radau, with an `atol` per component.
 def robertson(t, y, k1, k2, k3):
     y1, y2, y3 = y
     return np.array([
@@ -30,10 +31,10 @@ def robertson(t, y, k1, k2, k3):
 scipy_sol = solve_ivp(robertson, (0.0, 1e4), y0, method="Radau", t_eval=t_eval,
                       rtol=1e-6, atol=atol, args=(0.04, 3e7, 1e4))  # fmt: skip
 scipy_ys = scipy_sol.y.T  # scipy's y is (components, times)
-# --8<-- [end:scipy]
 
 
-# --8<-- [start:odeckpt]
+# The port: f(t, y, args) builds a jnp array; "Radau" is odeckpt's Radau5; the solution comes
+# times first.
 def robertson_jax(t, y, args):
     k1, k2, k3 = args
     y1, y2, y3 = y
@@ -48,7 +49,6 @@ sol = odeckpt.solve(robertson_jax, jnp.array(y0), (0.0, 1e4), (0.04, 3e7, 1e4),
                     solver="radau", saveat=jnp.asarray(t_eval), rtol=1e-6,
                     atol=jnp.array(atol), max_steps=10_000)  # fmt: skip
 odeckpt_ys = sol.ys  # (times, components)
-# --8<-- [end:odeckpt]
 
 relative = np.abs(odeckpt_ys - scipy_ys) / (np.abs(scipy_ys) + np.array(atol))
 steps, nfev = int(sol.stats["num_steps"]), int(sol.stats["nfev"])
