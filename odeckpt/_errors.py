@@ -4,7 +4,8 @@ Under a plain `jax.jit` (or no `jit`), through `eqx.error_if`: a host callback t
 the failing value is computed. While `odeckpt.jit` traces a program, as `checkify` checks
 instead: the failure bits travel beside the program's outputs and `odeckpt.jit` raises on the
 host when the call returns, so the compiled program holds no host callback and JAX's persistent
-compilation cache can store it (see docs/failures.md).
+compilation cache can store it (see docs/failures.md). A solve whose status is known when it
+returns (outside `jit`) raises in Python instead: see `_on_failure.raised`.
 """
 
 import contextlib
@@ -32,11 +33,18 @@ def failures_on_host() -> Iterator[None]:
         _ON_HOST.reset(token)
 
 
+def raising() -> bool:
+    """Whether failures raise: unless equinox's `EQX_ON_ERROR` asks for another behaviour
+    (`nan`: failed outputs are NaN; `off`: unchecked; `breakpoint`: a debugger, through its
+    callback)."""
+    return os.environ.get("EQX_ON_ERROR", "raise") == "raise"
+
+
 def on_host() -> bool:
     """Whether failures are being recorded for `odeckpt.jit` (see `failures_on_host`): while it
-    traces, unless equinox's `EQX_ON_ERROR` asks for another behaviour than raising (`nan`,
-    `off`: no callback either; `breakpoint`: a debugger, through its callback)."""
-    return _ON_HOST.get() and os.environ.get("EQX_ON_ERROR", "raise") == "raise"
+    traces, if failures raise (with `EQX_ON_ERROR` set otherwise, no callback is needed either,
+    or a debugger's is)."""
+    return _ON_HOST.get() and raising()
 
 
 def error_if(token, pred: BoolScalar, message: str):

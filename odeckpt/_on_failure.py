@@ -1,19 +1,71 @@
 """What a failed solve's outputs do: raise (`throw=True`), turn to NaN (`EQX_ON_ERROR=nan`), and
-carry NaN derivatives whatever `throw` says, so that no gradient of a failed solve is finite."""
+carry NaN derivatives whatever `throw` says, so that no gradient of a failed solve is finite.
+
+A solve whose status is known when `solve` returns (outside `jit` and `vmap`, under `jax.grad`
+too) raises in Python from `solve`, so that the traceback ends at the call that failed. Inside a
+traced program the status is known only at run time: the error comes through `_errors`, and its
+message names the line of the call, because JAX reuses traces and the traceback equinox records at
+trace time can be another call's (see docs/failures.md).
+"""
+
+import dataclasses
+from collections.abc import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._errors import raising
+from ._failure_message import Failure, Stop, call_site
+from ._solution import Solution
 from ._status import Status
-from ._types import BoolScalar
+from ._types import BoolScalar, Scalar
 
 
-def raise_if_failed(status: Status, tree, note: dict[str, str] | None = None):
+class Solved(eqx.Module):
+    """What the compiled solve returns: its `solution`, and the time `t_stop` where it stopped
+    (for the message of a failure)."""
+
+    solution: Solution
+    t_stop: Scalar
+
+
+def raised(solved: Solved, failure: Failure, throw: bool) -> Solution:
+    """The solution, raising with the `failure`'s message if `throw` and the solve failed: in
+    Python, saying where the solve stopped, when its status is known; otherwise at run time
+    through `raise_if_failed`, naming the call (the failed outputs are NaN instead under
+    `EQX_ON_ERROR=nan`)."""
+    sol = solved.solution
+    status = sol.status
+    if not throw:
+        return sol
+    if not status.is_traced() and status.shape == () and raising():
+        if status.name == "successful":
+            return sol
+        stop = Stop(
+            t=float(solved.t_stop),
+            t0=float(sol.t0),
+            t1=float(sol.t1),
+            num_steps=int(sol.stats.num_steps),
+            num_rejected=int(sol.stats.num_rejected_steps),
+        )
+        raise eqx.EquinoxRuntimeError(failure.message(status.name, stop))
+    messages = failure.messages(call_site())
+    ts, ys, dense = raise_if_failed(status, (sol.ts, sol.ys, sol.dense), messages=messages)
+    return dataclasses.replace(sol, ts=ts, ys=ys, dense=dense)
+
+
+def raise_if_failed(
+    status: Status,
+    tree,
+    note: Mapping[str, str] | None = None,
+    *,
+    messages: Mapping[str, str] | None = None,
+):
     """`tree` unchanged; raises at run time (through `Status.error_if`, so as `_errors` decides:
     a host callback, or after the call under `odeckpt.jit`) if the solve failed. Under
-    `EQX_ON_ERROR=nan` its inexact leaves are NaN instead. `note` appends text to the messages
-    of the outcomes it names (see `Status.error_if`).
+    `EQX_ON_ERROR=nan` its inexact leaves are NaN instead. `messages` replaces the messages of
+    the outcomes it names, and `note` appends text to them.
 
     The check runs on a floating scalar and reaches `tree` through an exact `x - 0`, instead of
     passing `tree` through the check's `lax.cond`: XLA places a `cond` holding a host callback
@@ -21,11 +73,16 @@ def raise_if_failed(status: Status, tree, note: dict[str, str] | None = None):
     scalar (never an integer) carries the NaN of `EQX_ON_ERROR=nan` to every leaf.
     """
     failed = status != Status.successful
+    messages, note = messages or {}, note or {}
+    messages = {
+        name: messages.get(name, Status.outcome(name).message) + note.get(name, "")
+        for name in Status.names()
+    }
     inexact = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     if not inexact:
-        return status.error_if(tree, failed, note=note)
+        return status.error_if(tree, failed, messages=messages)
     real = jnp.result_type(*[jnp.finfo(x.dtype).dtype for x in inexact])
-    zero = status.error_if(jnp.zeros((), real), failed, note=note)
+    zero = status.error_if(jnp.zeros((), real), failed, messages=messages)
 
     def leaf(x):
         if not eqx.is_inexact_array(x):

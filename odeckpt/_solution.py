@@ -168,7 +168,9 @@ class Solution(eqx.Module):
         without events.
 
     It prints its arrays' shapes, and its `stats`, `status`, `t0`, `t1` and `event` with their
-    values.
+    values. Names of diffrax's and scipy's solutions that odeckpt spells otherwise (`sol.result`,
+    `sol.y`, `sol.t`, `sol.success`, `sol.message`, ...) raise an `AttributeError` naming the
+    odeckpt spelling.
 
     **Example:**
 
@@ -209,6 +211,16 @@ class Solution(eqx.Module):
     def __repr__(self) -> str:
         return wl.pformat(self)
 
+    def __getattr__(self, name: str):
+        # Reached only for a name that is neither a field nor a method: name the odeckpt
+        # spelling of another library's.
+        hint = _FOREIGN_ATTRIBUTES.get(name)
+        message = f"'Solution' object has no attribute {name!r}"
+        if hint is not None:
+            library, fix = hint
+            message += f" ({library}'s name). Fix: {fix}."
+        raise AttributeError(message, name=name, obj=self)
+
     def evaluate(self, t: Float[ArrayLike, "..."]) -> Y:
         """The continuous solution at time(s) `t` (needs `SaveAt(dense=True)`).
 
@@ -246,6 +258,42 @@ class Solution(eqx.Module):
             evaluate = jax.vmap(evaluate)
         values = evaluate(tau)
         return jax.tree.map(lambda y: jnp.where(leading_mask(inside, y), y, jnp.nan), values)
+
+
+_SUCCESS = "`sol.status == odeckpt.Status.successful`"
+_FOREIGN_ATTRIBUTES: dict[str, tuple[str, str]] = {
+    "result": (
+        "diffrax",
+        f"use `sol.status`, an `odeckpt.Status` ({_SUCCESS}, `sol.status.message`)",
+    ),
+    "y": (
+        "scipy",
+        "use `sol.ys`, times first: scipy's `sol.y` has shape (n, len(t)), `sol.ys` of an "
+        "array state has (len(ts), n), so scipy's layout is `sol.ys.T`",
+    ),
+    "t": ("scipy", "use `sol.ts`"),
+    "success": ("scipy", f"use {_SUCCESS}"),
+    "message": ("scipy", "use `sol.status.message` (`''` for success)"),
+    "sol": ("scipy", "use `sol.evaluate(t)`, with `saveat=odeckpt.SaveAt(dense=True)`"),
+    "nfev": ("scipy", "use `sol.stats['nfev']` (or `sol.stats.num_fn_evals`)"),
+    "njev": ("scipy", "use `sol.stats['njev']` (or `sol.stats.num_jacobian_evals`)"),
+    "nlu": ("scipy", "use `sol.stats['nlu']` (or `sol.stats.num_lu_factorisations`)"),
+    "t_events": (
+        "scipy",
+        "use `sol.event` (the terminal event that ended the solve, or -1); with "
+        "`SaveAt(t1=True)`, `sol.ts[-1]` and `sol.ys[-1]` are its time and state",
+    ),
+    "y_events": ("scipy", "use `sol.ys[-1]` with `SaveAt(t1=True)`, and `sol.event`"),
+    "derivative": (
+        "diffrax",
+        "evaluate the vector field on the dense output, `f(t, sol.evaluate(t), args)`",
+    ),
+    **{
+        name: ("diffrax", "none is returned: a solve always starts afresh")
+        for name in ("solver_state", "controller_state", "made_jump")
+    },
+}
+"""An attribute name of diffrax's `Solution` or scipy's `OdeResult` -> (the library, the fix)."""
 
 
 def _check_inside(inside: Array, t: Array, dense: "DenseOutput", direction: Array) -> None:

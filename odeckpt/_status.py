@@ -1,5 +1,7 @@
 """Run-time outcomes of a solve."""
 
+from collections.abc import Mapping
+
 import equinox as eqx
 import jax
 import jax.core
@@ -12,11 +14,17 @@ from ._errors import branched_error_if
 
 
 class _Outcome:
-    """One named outcome of `Status`, declared with its message: `Status.<name>` reads it as a
-    `Status`. Its number is its order among the outcomes."""
+    """One named outcome of `Status`, declared with its cause and its fix (empty for success):
+    `Status.<name>` reads it as a `Status`. Its number is its order among the outcomes."""
 
-    def __init__(self, message: str):
-        self.message = message
+    def __init__(self, cause: str = "", fix: str = ""):
+        self.cause = cause
+        self.fix = fix
+
+    @property
+    def message(self) -> str:
+        """The cause and the fix, as one text (`""` for success)."""
+        return f"{self.cause} Fix: {self.fix}" if self.cause else ""
 
     def __set_name__(self, owner: type, name: str):
         self.name = name
@@ -33,10 +41,11 @@ def _outcomes(owner: type) -> list[str]:
 class Status(eqx.Module):
     """How a solve ended. `sol.status == Status.successful` tests for success.
 
-    With `solve(..., throw=True)` any other outcome raises at run time with the message below;
-    with `throw=False` the partial solution is returned and the status says what happened
-    (`sol.status.message`). A status prints as its name (`Status.successful`), an array of them
-    (under `vmap`) as their names, and a traced one as `Status(traced)`.
+    With `solve(..., throw=True)` any other outcome raises with the message below, fitted to
+    the solve (its fix to the stepper in use and, outside `jit`, saying where the solve
+    stopped); with `throw=False` the partial solution is returned and the status says what
+    happened (`sol.status.message`). A status prints as its name (`Status.successful`), an
+    array of them (under `vmap`) as their names, and a traced one as `Status(traced)`.
 
     **Example:**
 
@@ -56,66 +65,70 @@ class Status(eqx.Module):
 
     _value: Int[Array | np.ndarray, "..."]
 
-    successful = _Outcome("")
+    successful = _Outcome()
     max_steps_reached = _Outcome(
-        "The maximum number of steps was reached before the end of the time span. Fix: raise "
-        "`max_steps=` in `odeckpt.solve`, loosen `rtol`/`atol`, or use an implicit solver if the "
-        "problem is stiff."
+        "The maximum number of steps was reached before the end of the time span.",
+        "raise `max_steps=` in `odeckpt.solve`, or loosen `rtol`/`atol`; if the stepper is "
+        "explicit and the problem stiff (many tiny steps), use an implicit one "
+        "(`solver=odeckpt.Radau5()`).",
     )
     dt_underflow = _Outcome(
         "The step size fell below its minimum (`dtmin`, or machine precision relative to t), "
         "or t is too large for the step size: the times near t are too far apart to resolve "
-        "it (a `ConstantStep` step would be rounded by more than 1%). Fix: the problem is "
-        "probably stiff (use an implicit solver) or singular near this time; lower "
-        "`PIDController(dtmin=...)` or loosen the tolerances. At large |t| (or float32 times), "
-        "shift time so that the span starts at 0 (solve over (0, t1 - t0) with `f` reading "
-        "`t + t0`), solve in float64, or use a larger `dt0`."
+        "it (a `ConstantStep` step would be rounded by more than 1%).",
+        "with an explicit stepper the problem is probably stiff (use an implicit one, "
+        "`solver=odeckpt.Radau5()`); with an implicit one, the solution probably blows up or "
+        "the vector field is singular near this time (check `f` there, and a user `jac=`). "
+        "Lower `PIDController(dtmin=...)` or loosen the tolerances. At large |t| (or float32 "
+        "times), shift time so that the span starts at 0 (solve over (0, t1 - t0) with `f` "
+        "reading `t + t0`), solve in float64, or use a larger `dt0`.",
     )
     newton_failed = _Outcome(
         "The Newton iteration of an implicit solver did not converge, even with a fresh "
         "Jacobian and the step size shrunk to its minimum (or with `ConstantStep`, which cannot "
-        "shrink it). Fix: check that a user `jac=` matches the vector field; with "
-        "`ConstantStep`, reduce `dt0`; otherwise loosen rtol/atol, raise "
-        "`Newton(max_iters=...)`, or try `solver=odeckpt.Rodas5()` (no Newton iteration)."
+        "shrink it).",
+        "check that a user `jac=` matches the vector field; with `ConstantStep`, reduce `dt0`; "
+        "otherwise loosen rtol/atol, raise `Newton(max_iters=...)`, or try "
+        "`solver=odeckpt.Rodas5()` (no Newton iteration).",
     )
     nonfinite_y0 = _Outcome(
-        "The initial state y0 contains NaN or inf. Fix: check how the initial condition is "
-        "computed."
+        "The initial state y0 contains NaN or inf.",
+        "check how the initial condition is computed.",
     )
     nonfinite_f0 = _Outcome(
-        "The vector field is NaN or inf at the initial point: f(t0, y0, args) is not finite. "
-        "Fix: check `args` for NaN or inf parameters, and the vector field at t0 for divisions "
-        "by zero, logarithms or square roots of non-positive values, or overflow."
+        "The vector field is NaN or inf at the initial point: f(t0, y0, args) is not finite.",
+        "check `args` for NaN or inf parameters, and the vector field at t0 for divisions by "
+        "zero, logarithms or square roots of non-positive values, or overflow.",
     )
     nonfinite = _Outcome(
         "A step produced non-finite values (NaN or inf: in the vector field's values, the "
-        "error estimate or the new state) and shortening it did not avoid them. Fix: check "
-        "the vector field near this time for divisions by zero, square roots or logarithms of "
-        "negative values (a solution that crosses the edge of the field's domain) or overflow "
-        "(a solution that blows up); with `ConstantStep`, reduce `dt0`."
+        "error estimate or the new state) and shortening it did not avoid them.",
+        "check the vector field near this time for divisions by zero, square roots or "
+        "logarithms of negative values (a solution that crosses the edge of the field's domain) "
+        "or overflow (a solution that blows up); with `ConstantStep`, reduce `dt0`.",
     )
     max_jumps_reached = _Outcome(
         "An event with `update=` fired more often than its `max_jumps` allows (a Zeno "
-        "system jumps ever more often, e.g. a bouncing ball coming to rest). Fix: raise "
-        "`Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the solve "
-        "before the jumps accumulate."
+        "system jumps ever more often, e.g. a bouncing ball coming to rest).",
+        "raise `Event(max_jumps=...)`, shorten the span, or add a terminal event that stops the "
+        "solve before the jumps accumulate.",
     )
     nonfinite_event = _Outcome(
-        "An event's fn returned NaN or inf, so whether it fired cannot be told. Fix: check "
-        "the event function (and `args`) for divisions by zero, square roots or logarithms of "
-        "negative values along the solution."
+        "An event's fn returned NaN or inf, so whether it fired cannot be told.",
+        "check the event function (and `args`) for divisions by zero, square roots or "
+        "logarithms of negative values along the solution.",
     )
     invalid_settings = _Outcome(
         "A tolerance or step-size controller setting given as a traced value is invalid: "
         "`rtol`, `atol`, `dtmin` and `dtmax` must be positive and finite, the PID gains finite, "
-        "0 < factormin < 1 < factormax, 0 < safety <= 1 and dtmin <= dtmax. Fix: check how "
-        "the traced value is computed (NaN, zero or negative)."
+        "0 < factormin < 1 < factormax, 0 < safety <= 1 and dtmin <= dtmax.",
+        "check how the traced value is computed (NaN, zero or negative).",
     )
     invalid_inputs = _Outcome(
         "An input given as a traced value is invalid: t0 or t1 is NaN or inf, dt0 is not "
         "finite, zero or points away from t1, SaveAt(ts=...) is not sorted in the direction of "
-        "integration within [t0, t1], or jump_ts holds NaN or inf. Fix: check how these values "
-        "are computed (with throw=True the error names the input)."
+        "integration within [t0, t1], or jump_ts holds NaN or inf.",
+        "check how these values are computed (with throw=True the error names the input).",
     )
 
     @classmethod
@@ -133,7 +146,13 @@ class Status(eqx.Module):
     @classmethod
     def messages(cls) -> list[str]:
         """The message of every outcome, in the order of their numbers."""
-        return [vars(cls)[name].message for name in _outcomes(cls)]
+        return [cls.outcome(name).message for name in _outcomes(cls)]
+
+    @classmethod
+    def outcome(cls, name: str) -> _Outcome:
+        """The outcome called `name`, with its `cause`, its `fix` and its `message` (the two
+        together)."""
+        return vars(cls)[name]
 
     def __eq__(self, other) -> Bool[Array, "..."]:  # pyright: ignore[reportIncompatibleMethodOverride]
         with jax.ensure_compile_time_eval():
@@ -157,6 +176,15 @@ class Status(eqx.Module):
         return "\n".join(f"{name}: {messages[name]}" for name in distinct if messages[name])
 
     @property
+    def name(self) -> str:
+        """The name of this outcome (`"successful"`, ...), for one status known before run
+        time; a `ValueError` for an array of statuses or a traced one."""
+        names = self._names()
+        if not isinstance(names, str):
+            raise ValueError(f"{self!r} is not one known status. Fix: read `.name` of one.")
+        return names
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The shape of an array of statuses (`()` for one)."""
         return tuple(np.shape(self._value))
@@ -166,25 +194,25 @@ class Status(eqx.Module):
         `vmap`, one per trajectory of an ensemble)."""
         return type(self)(self._value[index])
 
-    def error_if(self, token, pred, *, note: dict[str, str] | None = None):
+    def error_if(self, token, pred, *, messages: Mapping[str, str] | None = None):
         """`token`, raising at run time with this status's message if `pred` holds.
 
         **Arguments:**
 
         - `token`: a pytree holding at least one array, returned unchanged.
         - `pred`: whether to raise.
-        - `note`: text appended to the messages of the outcomes it names (by name).
+        - `messages`: the message of each outcome it names (by name), in place of its own.
 
         **Returns:**
 
         `token`.
         """
-        note = note or {}
-        messages = [
-            message + note.get(name, "")
+        messages = messages or {}
+        texts = [
+            messages.get(name, message)
             for name, message in zip(_outcomes(type(self)), type(self).messages(), strict=True)
         ]
-        return branched_error_if(token, pred, self._value, messages)
+        return branched_error_if(token, pred, self._value, texts)
 
     def is_traced(self) -> bool:
         """Whether this status is only known at run time."""

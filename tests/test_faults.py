@@ -259,7 +259,7 @@ def test_odeckpt_jit_raises_a_failing_lanes_status_after_the_call(fault):
     for program in _THROWING.values():
         with pytest.raises(eqx.EquinoxRuntimeError) as raised:
             program(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
-        assert str(raised.value) == status.message
+        assert str(raised.value).startswith(status.message)  # then the call's line
     healthy = Lanes([(0.7, 1.3, 2.0, 0.0), (1.5, 0.4, 2.0, 0.0)])
     d_y0, d_k = _THROWING["grad"](healthy.y0, healthy.k, healthy.t_fault, healthy.value)
     decay = np.exp(-2 * healthy.k)
@@ -550,7 +550,7 @@ def test_faults_in_a_complex_state_under_odeckpt_jit(throw):
     if throw:
         with pytest.raises(eqx.EquinoxRuntimeError) as raised:
             program(1.3, 0.5)
-        assert str(raised.value) == odeckpt.Status.nonfinite.message
+        assert str(raised.value).startswith(odeckpt.Status.nonfinite.message)
     else:
         d, ok = program(1.3, 0.5)
         assert not ok and np.isnan(d)
