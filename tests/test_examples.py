@@ -22,8 +22,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 NOTEBOOKS = [
-    "bouncing_ball_fit", "deep_residual", "gray_scott", "neural_ode_spiral", "robertson_fit",
-    "scan_memory",
+    "bouncing_ball_fit", "deep_residual", "gray_scott", "neural_ode_reversible",
+    "neural_ode_spiral", "robertson_fit", "robertson_plot", "scan_memory",
 ]  # fmt: skip
 
 
@@ -93,6 +93,16 @@ def test_neural_ode_spiral(tmp_path):
     result = json.loads((folder / "result.json").read_text())
     assert result["final_loss"] < result["initial_loss"]
     assert set(result["adjoints"]) >= {"direct", "recursive (default)", "backsolve"}
+
+
+@pytest.mark.slow
+def test_neural_ode_reversible(tmp_path):
+    folder = run_example("neural_ode_reversible", tmp_path)
+    plots_written(folder, ["training.png", "adjoints.png"])
+    result = json.loads((folder / "result.json").read_text())
+    assert result["final_loss"] < result["initial_loss"]
+    assert result["adjoints"]["reversible"]["rel_error_vs_direct"] < 1e-8
+    assert result["drift"]["succeeded"] and result["drift"]["num_undone_steps"] == result["steps"]
 
 
 @pytest.mark.slow
