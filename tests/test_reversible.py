@@ -207,6 +207,21 @@ def test_the_reversible_adjoint_differentiates_y0_the_span_and_save_times():
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
+def test_a_complex_state_over_a_zero_length_span():
+    """`y = y0 exp(i (t1 - t0))` at `t1 = t0`: the derivatives of `Re y + 2 Im y` in `t1` and
+    `t0` are `+-(2 Re y0 - Im y0)`, from the exact solution (no step is taken to carry them)."""
+
+    def loss(t0, t1):
+        sol = odeckpt.solve(
+            lambda t, y, args: 1j * y, jnp.array([1.0 + 0.5j]), (t0, t1),
+            solver=odeckpt.Reversible(odeckpt.Tsit5()), adjoint="reversible",
+        )  # fmt: skip
+        return jnp.sum(jnp.real(sol.ys) + 2 * jnp.imag(sol.ys))
+
+    d_t0, d_t1 = jax.grad(loss, argnums=(0, 1))(0.3, 0.3)
+    np.testing.assert_allclose([d_t0, d_t1], [-1.5, 1.5], rtol=1e-12)
+
+
 @pytest.mark.slow
 def test_the_reversible_adjoint_under_vmap_equals_solo_lanes():
     params = jnp.stack([PARAMS, 1.1 * PARAMS, 0.8 * PARAMS])

@@ -15,6 +15,7 @@ from .._steppers import Reversible, ReversibleState
 from ..checkpointing import lockstep_while_loop
 from ._base import AbstractWatch, GradientStats, while_loop
 from ._custom_rule import AbstractCustomRuleAdjoint, RuleInputs, checked, loop_cotangent
+from ._derivatives import pair
 from ._on_backward import check_on_backward, report
 
 
@@ -292,9 +293,6 @@ def _span_terms(loop: IntegrationLoop, init: LoopState, final: LoopState, ct_fin
     them)."""
     f0 = loop.stepper.derivative(init.stepper_state)
     none = final.num_accepted == 0
-    dot = sum(
-        jnp.sum(jnp.real(jnp.conj(c) * jnp.where(jnp.isfinite(f), f, 0)))
-        for c, f in zip(jax.tree.leaves(ct_final.y), jax.tree.leaves(f0), strict=True)
-    )
-    term = jnp.where(none, dot, 0).astype(init.t.dtype)
+    f0 = jax.tree.map(lambda f: jnp.where(jnp.isfinite(f), f, 0), f0)
+    term = jnp.where(none, pair(ct_final.y, f0), 0).astype(init.t.dtype)
     return -term, term
