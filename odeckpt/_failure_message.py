@@ -53,8 +53,9 @@ class Failure:
             where = stop.sentence()
         elif name == "max_steps_reached":
             where = (
-                " (Inside `jit` this message cannot say where the solve stopped: with "
-                "`throw=False` and `SaveAt(t1=True)`, `sol.ts[-1]` is that time.)"
+                " (Inside `jit`, or differentiated in the span's ends, this message cannot "
+                "say where the solve stopped: with `throw=False` and `SaveAt(t1=True)`, "
+                "`sol.ts[-1]` is that time.)"
             )
         else:
             where = ""

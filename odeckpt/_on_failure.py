@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 
 from ._errors import raising
@@ -42,13 +43,12 @@ def raised(solved: Solved, failure: Failure, throw: bool) -> Solution:
     if not status.is_traced() and status.shape == () and raising():
         if status.name == "successful":
             return sol
-        stop = Stop(
-            t=float(solved.t_stop),
-            t0=float(sol.t0),
-            t1=float(sol.t1),
-            num_steps=int(sol.stats.num_steps),
-            num_rejected=int(sol.stats.num_rejected_steps),
-        )
+        where = (solved.t_stop, sol.t0, sol.t1, sol.stats.num_steps, sol.stats.num_rejected_steps)
+        stop = None
+        if not any(isinstance(x, jax.core.Tracer) for x in where):
+            # (Under `jax.grad` in `t0` or `t1` the times are traced where the status is not.)
+            t, t0, t1, steps, rejected = where
+            stop = Stop(float(t), float(t0), float(t1), int(steps), int(rejected))
         raise eqx.EquinoxRuntimeError(failure.message(status.name, stop))
     messages = failure.messages(call_site())
     ts, ys, dense = raise_if_failed(status, (sol.ts, sol.ys, sol.dense), messages=messages)

@@ -175,6 +175,7 @@ def prepare(
     )  # fmt: skip
     habits.check_signature(f)
     habits.check_list_state(y0)
+    throw, progress = validate.flag("throw", throw), validate.flag("progress", progress)
     stepper = _stepper(solver)
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)

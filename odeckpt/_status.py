@@ -162,6 +162,13 @@ class Status(eqx.Module):
         with jax.ensure_compile_time_eval():
             return jnp.asarray(self._value != _value_of(other))
 
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "A Status has no truth value: every status, a failure too, would read as true. Fix: "
+            "`sol.status == odeckpt.Status.successful` (an array under `vmap`), or "
+            "`sol.status.name == 'successful'` for one known status."
+        )
+
     @property
     def message(self) -> str:
         """What this outcome means and how to fix it (`""` for `successful`; for an array of

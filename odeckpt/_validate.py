@@ -134,6 +134,16 @@ def _finite(name: str, value: jax.Array, checks: TracedChecks) -> jax.Array:
     return value
 
 
+def flag(name: str, value) -> bool:
+    """`value` as a Python bool: `True` or `False` (or a NumPy bool), else a `TypeError` naming
+    the fix (a truthy `throw=None` or `progress="no"` would silently mean the opposite)."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise TypeError(
+        f"solve({name}={value!r}) must be True or False. Fix: pass {name}=True or {name}=False."
+    )
+
+
 def check_finite(y0: Y) -> None:
     """Raise if `y0` is known at trace time and holds NaN or inf. (A traced `y0` is checked in
     the loop's initial status instead, which costs no extra run-time check.)"""

@@ -291,3 +291,22 @@ def test_under_jit_the_message_names_the_failing_call():
     line = inspect.getsourcelines(test_under_jit_the_message_names_the_failing_call)[1] + 4
     assert f"called at {__file__}:{line}, in `<lambda>`" in str(info.value)
     assert "cannot say where the solve stopped" in str(info.value)
+
+
+def test_differentiated_in_the_span_the_failure_still_raises_its_own_error():
+    # Under `jax.grad` in t1 outside `jit` the status is known where the times are traced.
+    with pytest.raises(eqx.EquinoxRuntimeError, match="maximum number of steps"):
+        jax.grad(lambda t1: _failing_solve(t1).ys.sum())(1.0)
+
+
+@pytest.mark.parametrize("keyword", ["throw", "progress"])
+@pytest.mark.parametrize("value", [None, "no", 0])
+def test_flags_must_be_true_or_false(keyword, value):
+    with pytest.raises(TypeError, match=rf"{keyword}=True or {keyword}=False"):
+        odeckpt.solve(decay, Y0, (0.0, 1.0), **{keyword: value})
+
+
+def test_a_status_has_no_truth_value():
+    sol = odeckpt.solve(decay, Y0, (0.0, 1.0), max_steps=2, throw=False)
+    with pytest.raises(TypeError, match="odeckpt.Status.successful"):
+        bool(sol.status)
