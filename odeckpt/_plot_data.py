@@ -38,6 +38,8 @@ class Trajectories:
         solve), or the saved points in time order without dense output.
     - `saved`: the saved points of a single solve (`None` for an ensemble or if none).
     - `step_ends`: the end of every accepted step of a single solve, where known.
+    - `failures`: the name of each member's status that is not `successful` (a failed solve
+        is drawn up to where it stopped).
     """
 
     xscale: str
@@ -46,6 +48,7 @@ class Trajectories:
     curve: Series
     saved: Series | None
     step_ends: np.ndarray | None
+    failures: tuple[str, ...]
 
 
 def trajectories(sol: Solution, xscale: str, samples: int) -> Trajectories:
@@ -79,7 +82,9 @@ def trajectories(sol: Solution, xscale: str, samples: int) -> Trajectories:
         saved = _visible(Series(saved.t[0], saved.y), xscale)
     if ends is not None:
         ends = ends[1:][ends[1:] > 0] if xscale == "log" else ends[1:]
-    return Trajectories(xscale, labels, len(span), curve, saved, ends)
+    statuses = [members.status[i] for i in range(len(span))]
+    failures = tuple(s.name for s in statuses if s.name != "successful")
+    return Trajectories(xscale, labels, len(span), curve, saved, ends, failures)
 
 
 def choose_xscale(times: np.ndarray, span: np.ndarray) -> str:
@@ -129,13 +134,16 @@ def step_ends(sol: Solution) -> np.ndarray | None:
 
 def _component_labels(tree, lead: int) -> tuple[str, ...]:
     """`y`, then the path of each leaf (`y['a']`, `y.position`) and the index of each entry
-    (`y[0]`, `y['a'][1, 2]`), for the leaves of `tree` after their first `lead` axes."""
+    (`y[0]`, `y['a'][1, 2]`), for the leaves of `tree` after their first `lead` axes; a complex
+    leaf's entries twice, as `Re ...` and `Im ...` (the order of `_columns`)."""
     labels = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = "y" + jax.tree_util.keystr(path)
         shape = np.shape(leaf)[lead:]
-        for index in np.ndindex(*shape):
-            labels.append(f"{name}[{', '.join(map(str, index))}]" if index else name)
+        names = [f"{name}[{', '.join(map(str, i))}]" if i else name for i in np.ndindex(*shape)]
+        if np.iscomplexobj(leaf):
+            names = [f"Re {n}" for n in names] + [f"Im {n}" for n in names]
+        labels += names
     return tuple(labels)
 
 
@@ -147,9 +155,14 @@ def _as_members(sol: Solution, batch: tuple[int, ...]) -> Solution:
 
 
 def _columns(tree, lead: int) -> np.ndarray:
-    """The leaves of `tree` as one array: `lead` axes, then every component."""
-    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
-    return np.concatenate([leaf.reshape(*leaf.shape[:lead], -1) for leaf in leaves], axis=-1)
+    """The leaves of `tree` as one real array: `lead` axes, then every component (a complex
+    leaf's real parts, then its imaginary parts)."""
+    columns = []
+    for leaf in jax.tree.leaves(tree):
+        leaf = np.asarray(leaf)
+        flat = leaf.reshape(*leaf.shape[:lead], -1)
+        columns += [np.real(flat), np.imag(flat)] if np.iscomplexobj(leaf) else [flat]
+    return np.concatenate(columns, axis=-1)
 
 
 @eqx.filter_jit

@@ -213,11 +213,13 @@ def _band_name(band: tuple[float, float]) -> str:
 
 def _title(data: Trajectories, drawn: int, band: tuple[float, float]) -> str:
     if data.members > 1:
-        what = f"{data.members} solutions: median, band {_band_name(band)}"
-    elif data.step_ends is not None:
-        what = f"solution ({len(data.step_ends)} accepted steps)"
+        failed = f" ({len(data.failures)} failed)" if data.failures else ""
+        what = f"{data.members} solutions{failed}: median, band {_band_name(band)}"
     else:
-        what = "solution"
+        failed = f"failed: {data.failures[0]}" if data.failures else ""
+        steps = None if data.step_ends is None else f"{len(data.step_ends)} accepted steps"
+        notes = ", ".join(note for note in (steps, failed) if note)
+        what = f"solution ({notes})" if notes else "solution"
     total = len(data.labels)
     return what if drawn == total else f"{what}, {drawn} of {total} components"
 

@@ -193,6 +193,24 @@ def test_a_failed_solve_is_drawn_up_to_where_it_stopped(oscillator_solution):
     assert len(drawn(ax, "steps")[0].get_xdata()) == 3
 
 
+def test_a_failed_solve_says_so_in_the_title():
+    sol = odeckpt.solve(oscillator, jnp.array([1.0, 0.0]), (0.0, 10.0), max_steps=3,
+                        saveat=odeckpt.SaveAt(dense=True), throw=False)  # fmt: skip
+    ax = odeckpt.plot.solution(sol, samples=20)
+    assert ax.get_title() == "solution (3 accepted steps, failed: max_steps_reached)"
+
+
+def test_a_complex_state_is_drawn_as_its_real_and_imaginary_parts():
+    ts = jnp.linspace(0.0, 3.0, 5)
+    sol = odeckpt.solve(lambda t, y, a: 1j * y, jnp.ones(1, complex), (0.0, 3.0), saveat=ts,
+                        rtol=1e-10, atol=1e-10)  # fmt: skip
+    ax = odeckpt.plot.solution(sol)
+    assert legend(ax)[:2] == ["Re y[0]", "Im y[0]"]
+    real, imaginary = (line.get_ydata() for line in drawn(ax, "saved"))
+    np.testing.assert_allclose(real, np.cos(ts), atol=1e-8)
+    np.testing.assert_allclose(imaginary, np.sin(ts), atol=1e-8)
+
+
 def test_wrong_arguments_name_the_fix(oscillator_solution):
     sol = oscillator_solution
     with pytest.raises(ValueError, match="`xscale` must be one of"):
