@@ -356,7 +356,8 @@ def _fused(
 def _raised(sol: Solution, throw: bool) -> Solution:
     """`sol`, raising if `throw` and a trajectory failed: naming the trajectories when the
     statuses are known (outside `jit`), else as `vmap(solve)` does (the first failure's
-    message; under `EQX_ON_ERROR=nan` the failed trajectories' outputs are NaN instead)."""
+    message; under `EQX_ON_ERROR=nan` every trajectory's outputs are NaN instead, equinox's
+    rule for a batch with a failed lane)."""
     if not throw:
         return sol
     status = sol.status
