@@ -149,9 +149,10 @@ COLUMNS = [
 
 NOTES = """\
 Best of the repeated calls of each candidate, taken in turns after a compiling call; every call
-waits for its host callbacks (`jax.effects_barrier`). The bar's cost is one `lax.cond` per
-step, whose untaken branch is empty, and about a hundred host callbacks per solve (each one
-tqdm draw; the bar draws once more as it closes), whatever the number of steps."""
+waits for its host callbacks (`jax.effects_barrier`). With the bar, the loop runs in stretches
+over which the whole percent covered stays: each step computes that percent in the inner loop's
+predicate, and each stretch ends with one host callback (one tqdm draw; the bar draws once more
+as it closes), about a hundred per solve whatever the number of steps."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from odeckpt._adjoints._base import while_loop
 from odeckpt._loop import IntegrationLoop, LoopState, ProgressBar, ProgressMeter
 from odeckpt._loop._progress import Report
 from odeckpt._saveat import SaveAt
+from odeckpt.checkpointing import bounded_while_loop
 
 
 class Recorder:
@@ -142,29 +143,66 @@ def test_a_gradient_reverse_sweep_reports_nothing():
     assert gradient.reports == forward.reports
 
 
-def test_a_step_that_reports_is_differentiable():
-    """A reverse sweep differentiates the steps past its record of them as they are, progress
-    meter included (in `t_end`, which the meter reads too)."""
-    loop = lambda t_end: IntegrationLoop(
-        f=decay, args=None, stepper=odeckpt.Euler(), controller=odeckpt.ConstantStep(),
-        t_end=t_end, ts=None, saveat=SaveAt(t1=True), max_steps=10,
-        progress=ProgressMeter(jnp.array(0.0), t_end, Recorder()),
+def euler_loop(a, bar, num_steps=None) -> IntegrationLoop:
+    """`y' = -a y` over `[0, 1]` in Euler steps, reporting to `bar`."""
+    return IntegrationLoop(
+        f=lambda t, y, a: -a * y, args=a, stepper=odeckpt.Euler(),
+        controller=odeckpt.ConstantStep(), t_end=jnp.array(1.0), ts=None,
+        saveat=SaveAt(t1=True), max_steps=300, num_steps=num_steps,
+        progress=ProgressMeter(jnp.array(0.0), jnp.array(1.0), bar),
     )  # fmt: skip
 
-    def y1(y0, t_end):
-        state, _ = loop(t_end).init_state(jnp.array(0.0), y0, jnp.array(0.5))
-        return loop(t_end).step(state)[0].y[0]
 
-    grads = jax.grad(y1, argnums=(0, 1))(jnp.ones(1), jnp.array(0.25))
-    np.testing.assert_allclose(grads[0], [0.75])  # a step of 0.25, clipped to t_end
-    np.testing.assert_allclose(grads[1], -1.0)
+@pytest.mark.parametrize(
+    "adjoint, num_steps",
+    [
+        (odeckpt.RecursiveCheckpointAdjoint(checkpoints=4), None),  # online binomial
+        (odeckpt.RecursiveCheckpointAdjoint(), 256),  # every step's residuals
+        (odeckpt.DirectAdjoint(), None),  # every state stored
+        (odeckpt.RecursiveCheckpointAdjoint(offload="host", checkpoints=2), None),
+    ],
+    ids=["binomial", "residuals", "direct", "offload"],
+)
+def test_every_engine_regime_reports_its_forward_run_once_per_percent(adjoint, num_steps):
+    forward, gradient = Recorder(), Recorder()
+
+    def loss(a, bar):
+        loop = euler_loop(a, bar, num_steps)
+        # 256 steps, exact in binary: every whole percent is passed.
+        state, _ = loop.init_state(jnp.array(0.0), jnp.ones(1), jnp.array(1 / 256))
+        return adjoint.run(loop, state, loop.init_outputs(state)).state.y[0]
+
+    value = jax.jit(lambda a: loss(a, forward))(0.5)
+    slope = jax.jit(jax.grad(lambda a: loss(a, gradient)))(0.5)
+    jax.effects_barrier()
+    np.testing.assert_allclose(slope, -value / (1 - 0.5 / 256), rtol=1e-12)  # of (1 - a/256)^256
+    assert forward.percents == list(range(101))
+    assert gradient.reports == forward.reports
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
+def test_progress_changes_no_value_nor_derivative(adjoint):
+    def solve(y0, t1, progress):
+        sol = odeckpt.solve(
+            lambda t, y, a: -y * jnp.sin(t), y0, (0.0, t1), adjoint=adjoint, max_steps=64,
+            progress=progress,
+        )  # fmt: skip
+        return sol.ys[-1].sum()
+
+    run = lambda progress: jax.jit(
+        jax.vmap(jax.value_and_grad(lambda y0, t1: solve(y0, t1, progress), argnums=(0, 1)))
+    )(jnp.ones((2, 2)), jnp.array([1.0, 2.0]))
+    with_bar, without = run(True), run(False)
+    jax.effects_barrier()
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), with_bar, without))
 
 
 def test_the_bar_ignores_reports_after_its_solve_ended(capsys):
     bar = ProgressBar()
     for report in [(3, True, False), (50, False, False), (100, False, True), (60, False, False)]:
         bar.show(Report(*report))
-    assert _drawn(capsys.readouterr().err) == [3, 50, 100, 100]
+    # (tqdm draws at opening and closing; the reports between come within its 0.1 s.)
+    assert _drawn(capsys.readouterr().err) == [3, 100]
 
 
 def _drawn(err: str) -> list[int]:
@@ -183,8 +221,9 @@ def test_solve_draws_the_bar_about_a_hundred_times(capsys):
     assert int(sol.stats.num_steps) >= 100_000
     err = capsys.readouterr().err
     drawn = _drawn(err)
-    # A draw per report, and one more as the bar closes; one bar (one line).
-    assert drawn == [*range(101), 100]
+    # At most a draw per report (tqdm skips those within 0.1 s of the last), opening at 0% and
+    # closing at 100%; one bar (one line).
+    assert drawn[0] == 0 and drawn[-1] == 100 and drawn == sorted(drawn) and len(drawn) <= 102
     assert err.count("\n") == 1
 
 
@@ -195,7 +234,8 @@ def test_solve_closes_the_bar_where_it_stopped(capsys):
     jax.effects_barrier()
     assert sol.status == odeckpt.Status.max_steps_reached
     drawn = _drawn(capsys.readouterr().err)
-    assert len(drawn) == 6 and drawn == sorted(drawn) and drawn[-1] < 100
+    # Opened at 0%, closed below 100% (tqdm draws the steps in between only 0.1 s apart).
+    assert 2 <= len(drawn) <= 7 and drawn == sorted(drawn) and drawn[0] == 0 and drawn[-1] < 100
 
 
 def test_without_progress_the_program_calls_no_host():
@@ -205,3 +245,29 @@ def test_without_progress_the_program_calls_no_host():
     text = lambda progress: jax.jit(lambda y0: solve(y0, progress)).lower(jnp.ones(1)).as_text()
     assert "callback" not in text(False)
     assert "callback" in text(True)
+
+
+def test_bounded_while_loop_reports_where_its_milestone_moves():
+    reports = []
+    report = lambda val: jax.debug.callback(lambda n: reports.append(int(n)), val[0])
+    milestone = lambda val: (val[0] // 10).astype(jnp.int32)
+    body = lambda val: (val[0] + 1, val[1] * 2.0)
+
+    def run(x):
+        return bounded_while_loop(
+            lambda val: val[0] < 35, body, (jnp.array(0), x), max_steps=100, checkpoints=3,
+            progress=(milestone, report),
+        )[1]  # fmt: skip
+
+    plain = lambda x: bounded_while_loop(lambda val: val[0] < 35, body, (jnp.array(0), x),
+                                         max_steps=100, checkpoints=3)[1]  # fmt: skip
+    assert jax.jit(run)(1.0) == jax.jit(plain)(1.0) == 2.0**35
+    jax.effects_barrier()
+    assert reports == [0, 10, 20, 30, 35]  # before the first step, at each move, at the stop
+    reports.clear()
+    assert jax.jit(jax.grad(run))(1.0) == 2.0**35
+    jax.effects_barrier()
+    assert reports == [0, 10, 20, 30, 35]  # the reverse sweep reports nothing
+    with pytest.raises(TypeError, match="int32 scalar"):
+        bounded_while_loop(lambda val: val[0] < 35, body, (0, 1.0), max_steps=100,
+                           progress=(lambda val: val[1], report))  # fmt: skip

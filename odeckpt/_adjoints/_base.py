@@ -105,7 +105,9 @@ def while_loop(
     loop: IntegrationLoop, state: LoopState, outputs: Outputs, watch: AbstractWatch | None = None
 ) -> tuple[LoopState, Outputs, AbstractWatch | None]:
     """Run `loop` from `state` in a plain `lax.while_loop` (forward-mode differentiable, storing
-    nothing per step), writing into `outputs` and updating `watch` at every step."""
+    nothing per step), writing into `outputs` and updating `watch` at every step. With a
+    `progress` meter, the loop runs in stretches over which `loop.milestone` stays, and reports
+    before the first and after each."""
 
     def cond(carry):
         state, _, _, steps = carry
@@ -121,9 +123,22 @@ def while_loop(
         watch = None if watch is None else watch.update(state, new, writes, record)
         return new, outputs.write(writes), watch, jnp.where(running, steps + 1, steps)
 
-    state, outputs, watch, _ = lockstep_while_loop(
-        cond, body, (state, outputs, watch, jnp.zeros((), jnp.int32)), body_masks=True
-    )
+    carry = (state, outputs, watch, jnp.zeros((), jnp.int32))
+    if loop.progress is None:
+        state, outputs, watch, _ = lockstep_while_loop(cond, body, carry, body_masks=True)
+        return state, outputs, watch
+
+    def stretch(carry, running):
+        # (Every lane that runs on here runs on in the inner loop, which masks the others.)
+        del running
+        level = loop.milestone(carry[0])
+        same = lambda carry: cond(carry) & (loop.milestone(carry[0]) == level)
+        carry = lockstep_while_loop(same, body, carry, body_masks=True)
+        loop.report(carry[0])
+        return carry
+
+    loop.report(state)
+    state, outputs, watch, _ = lockstep_while_loop(cond, stretch, carry, body_masks=True)
     return state, outputs, watch
 
 

@@ -56,9 +56,12 @@ class EngineForm(eqx.Module):
     def run(self, plan: Plan) -> tuple[LoopState, Outputs]:
         """Run the loop by the engine, as `plan` says (a gradient past the recorded decisions
         that the recomputation cannot follow raises with `throw`)."""
+        progress = None
+        if self.loop.progress is not None:
+            progress = (self.loop.milestone, self.loop.report)
         out = bounded_while_loop(
             self.cond, self.body, self.init, plan=plan, throw=self.loop.throw, pack_state=True,
-            **self.engine_args(),
+            progress=progress, **self.engine_args(),
         )  # fmt: skip
         if not self.outputs.groups():
             return out, self.outputs

@@ -36,7 +36,8 @@ class IntegrationLoop(eqx.Module):
 
     **Fields:** the vector field `f` (in internal time) and its `args`, the `stepper` and the
     `controller`, the end of the span `t_end`, the distinct save times `ts` (or `None`), which
-    outputs to keep (`saveat`), `max_steps`, an optional `progress` meter, the number of steps
+    outputs to keep (`saveat`), `max_steps`, an optional `progress` meter (which the runners
+    drive: `milestone`, `report`), the number of steps
     when known before the solve (`num_steps`), and `throw`.
     """
 
@@ -73,6 +74,18 @@ class IntegrationLoop(eqx.Module):
     def _running(self, state: LoopState) -> Array:
         """Whether the loop steps on from `state`: `cond` holds and steps remain."""
         return self.cond(state) & (state.num_steps < self.max_steps)
+
+    def milestone(self, state: LoopState) -> IntScalar:
+        """The whole percent of the span covered at `state` (`ProgressMeter.milestone`): a
+        runner with a `progress` meter runs the steps in stretches over which it stays, and
+        `report`s after each."""
+        assert self.progress is not None  # asked of a loop with a meter only
+        return self.progress.milestone(state, self._running(state))
+
+    def report(self, state: LoopState) -> None:
+        """Tell the `progress` meter's bar where the solve is at `state`."""
+        assert self.progress is not None  # asked of a loop with a meter only
+        self.progress.report(state, self._running(state))
 
     def final_status(self, state: LoopState) -> Status:
         """How a run that ended in `state` went: `max_steps_reached` if it stopped before
@@ -158,9 +171,6 @@ class IntegrationLoop(eqx.Module):
         )
         if self.events is not None or self.jump_ts is not None:
             new = self._after_step(state, new, accept, crossing)
-        if self.progress is not None and recorded is None:
-            # (A step that follows recorded decisions is a reverse sweep's recomputation.)
-            self.progress.update(state, new, self._running(state), self._running(new))
         fired = None if crossing is None else accept & crossing.found
         return (
             new,

@@ -1,7 +1,6 @@
-"""A tqdm progress bar that the compiled loop updates at most about a hundred times per solve."""
+"""A tqdm progress bar that the loop runners update at most about a hundred times per solve."""
 
 import dataclasses
-from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -23,8 +22,8 @@ _DECADES = 1e3
 class Report:
     """What the loop tells the bar: the `percent` of the span covered (of the slowest lane
     still running under `vmap`; once every lane has ended, of the slowest lane), whether this is
-    the solve's `first` step, and whether the solve is `done` (every lane reached the end of
-    its span, failed or stopped)."""
+    the solve's `first` report (before any step), and whether the solve is `done` (every lane
+    reached the end of its span, failed or stopped)."""
 
     percent: int
     first: bool
@@ -38,7 +37,7 @@ class Report:
 
 
 class ProgressBar:
-    """Host-side bar: opens at the first step of a solve and closes when the solve ends, at the
+    """Host-side bar: opens at the first report of a solve and closes when the solve ends, at the
     percent it reached (below 100 for a solve that failed or stopped early). All instances
     compare equal so that a new bar does not force `jit` to recompile."""
 
@@ -59,12 +58,10 @@ class ProgressBar:
                 total=100, initial=report.percent, unit="%", desc="odeckpt.solve"
             )
         elif self._bar is None:
-            # A reverse sweep that recomputes steps past the engine's record of them reports
-            # again; the bar belongs to the forward solve, which has ended.
-            return
+            return  # the solve this bar showed has ended
         else:
-            self._bar.n = report.percent
-            self._bar.refresh()
+            # tqdm redraws at most every 0.1 s: a short solve's reports cost no terminal output.
+            self._bar.update(report.percent - self._bar.n)
         if report.done:
             self._close()
 
@@ -75,10 +72,11 @@ class ProgressBar:
 
 
 class ProgressMeter(eqx.Module):
-    """Reports to `bar` when a step takes the part of the span covered past a whole percent,
-    and at the first and the last step of the solve: at most 102 host callbacks per solve,
-    whatever its number of steps, also under `vmap` (where the slowest running lane counts).
-    Each step pays a few scalar operations and one `lax.cond` whose untaken branch is empty.
+    """What a runner tells `bar`: the whole percent of the span covered (`milestone`), which it
+    reports (`report`) before the first step and each time the percent changes or the solve
+    ends, so at most 102 host callbacks per solve whatever its number of steps. Under `vmap`
+    both read the slowest lane still running (once every lane has ended, the slowest lane), an
+    unbatched value, so that a runner can stop its inner loop where the percent changes.
 
     The part covered at `t` is `(t - t_start) / (t_end - t_start)`, or, when `t_start` and
     `t_end` have one sign and differ by more than a factor 1000, the same in `log|t|`, so that
@@ -99,69 +97,53 @@ class ProgressMeter(eqx.Module):
         covered = scale(t) - scale(self.t_start)
         return jnp.where(width != 0, covered / jnp.where(width != 0, width, 1), 1)
 
-    def update(
-        self, before: LoopState, after: LoopState, ran: BoolScalar, running: BoolScalar
-    ) -> None:
-        """Report the step from `before` (where the lane `ran`) to `after` (where it is still
-        `running`) if it passes a whole percent, is the solve's first step or ends it."""
-        first = before.num_steps == 0
-        lane = _Lane(
-            jnp.where(first, -1, self.fraction(before.t)), ran, self.fraction(after.t), running
-        )
-        # Not differentiated: a reverse sweep past its record of the steps differentiates
-        # them as they are, and JAX cannot linearize a `custom_vmap` call that has tangents.
-        _reporter(self.bar)(jax.lax.stop_gradient(lane))
+    def milestone(self, state: LoopState, running: BoolScalar) -> IntScalar:
+        """The whole percent covered at `state`, whose lane is still `running` (unbatched)."""
+        return _percent(self._slowest(state, running).part)
+
+    def report(self, state: LoopState, running: BoolScalar) -> None:
+        """Tell the bar where the solve is at `state`, whose lane is still `running`."""
+        show = lambda packed: self.bar.show(Report.unpack(packed))
+        jax.debug.callback(show, self._slowest(state, running).packed())
+
+    def _slowest(self, state: LoopState, running: BoolScalar) -> "_Lane":
+        # Not differentiated: JAX cannot linearize a `custom_vmap` call that has tangents.
+        lane = _Lane(self.fraction(state.t), running, state.num_steps == 0)
+        return _slowest(jax.lax.stop_gradient(lane))
 
 
 class _Lane(eqx.Module):
-    """One lane's step as progress sees it: the part covered at its `start` (-1 at the solve's
-    first step, so that it always reports), whether the lane `ran` before it, the part covered
-    at its `end`, and whether the lane is still `running` after it."""
+    """One lane as progress sees it: the `part` of the span covered, whether it is still
+    `running`, and whether it is `fresh` (has taken no step yet)."""
 
-    start: Scalar
-    ran: BoolScalar
-    end: Scalar
+    part: Scalar
     running: BoolScalar
-
-    def reports(self) -> BoolScalar:
-        """Whether the step passes a whole percent, is the solve's first or ends it."""
-        return (_percent(self.end) > _percent(self.start)) | ~self.running
+    fresh: BoolScalar
 
     def packed(self) -> Array:
         """Its `Report`, as one int32 vector: a callback's cost grows with its arguments."""
-        return jnp.stack([_percent(self.end), self.start < 0, ~self.running]).astype(jnp.int32)
+        return jnp.stack([_percent(self.part), self.fresh, ~self.running]).astype(jnp.int32)
 
 
 def _percent(part: Scalar) -> IntScalar:
-    """Whole percent of `part` (-100 for the -1 before a solve's first step)."""
-    return jnp.floor(100 * jnp.clip(part, -1, 1)).astype(jnp.int32)
+    """Whole percent of `part`."""
+    return jnp.floor(100 * jnp.clip(part, 0, 1)).astype(jnp.int32)
 
 
-def _reporter(bar: ProgressBar) -> Callable[[_Lane], Array]:
-    """`report(lane)`: calls `bar` back when `lane`'s step passes a whole percent, is the first
-    or ends the solve. Under `vmap` the lanes are reduced first (the slowest running one), so
-    that the decision stays unbatched and the `lax.cond` around the callback stays a cond:
-    JAX batches a cond on a batched predicate into a select, which would call back at every
-    step."""
+@custom_vmap
+def _slowest(lane: _Lane) -> _Lane:
+    """`lane`; under `vmap`, the slowest running lane (the slowest of all once none runs), fresh
+    while every lane is: unbatched, so that a loop predicate or a `lax.cond` on it stays one."""
+    return lane
 
-    show = lambda packed: bar.show(Report.unpack(packed))
 
-    @custom_vmap
-    def report(lane: _Lane) -> Array:
-        reports = lane.reports()
-        call = lambda lane: jax.debug.callback(show, lane.packed())
-        jax.lax.cond(reports, call, lambda lane: None, lane)
-        return reports
-
-    @report.def_vmap
-    def _slowest(axis_size: int, in_batched, lane: _Lane):
-        batched = lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
-        lane = jax.tree.map(batched, lane, in_batched[0])
-        slowest = lambda part, mask: jnp.min(jnp.where(mask, part, jnp.inf), axis=0)
-        running = jnp.any(lane.running, axis=0)
-        end = jnp.where(running, slowest(lane.end, lane.running), jnp.min(lane.end, axis=0))
-        reduced = _Lane(slowest(lane.start, lane.ran), jnp.any(lane.ran, axis=0), end, running)
-        # Called again, so that an enclosing `vmap` reduces its own lanes.
-        return report(reduced), False
-
-    return report
+@_slowest.def_vmap
+def _slowest_rule(axis_size: int, in_batched, lane: _Lane):
+    batched = lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+    lane = jax.tree.map(batched, lane, in_batched[0])
+    running = jnp.any(lane.running, axis=0)
+    among_running = jnp.min(jnp.where(lane.running, lane.part, jnp.inf), axis=0)
+    part = jnp.where(running, among_running, jnp.min(lane.part, axis=0))
+    reduced = _Lane(part, running, jnp.all(lane.fresh, axis=0))
+    # Called again, so that an enclosing `vmap` reduces its own lanes.
+    return _slowest(reduced), jax.tree.map(lambda _: False, reduced)

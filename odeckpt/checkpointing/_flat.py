@@ -35,9 +35,11 @@ def flat_loop(loop: EngineLoop) -> EngineLoop:
         flat_unpack = lambda params, packed: _tree.ravel(unpack(params, packed))
     elif pack is not None:
         flat_unpack = lambda params, state: _tree.ravel(state)
+    progress = None if loop.progress is None else loop.progress.raveled()
     return dataclasses.replace(
-        loop, step=step, cond=cond, pack=flat_pack, unpack=flat_unpack, unraveled=loop
-    )
+        loop, step=step, cond=cond, pack=flat_pack, unpack=flat_unpack, progress=progress,
+        unraveled=loop,
+    )  # fmt: skip
 
 
 def flat_inputs(inputs: LoopInputs) -> LoopInputs:

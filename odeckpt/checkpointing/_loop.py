@@ -80,6 +80,7 @@ class EngineLoop:
         cotangents NaN.
     - `pack_state`: whether the snapshot sweeps carry the state packed into one vector per dtype
         (`_flat.flat_loop`; `bounded_while_loop(pack_state=True)`).
+    - `progress`: a `Progress` (or `None`): the forward run reports as it goes.
     - `unraveled`: for a loop over raveled states (`_tree.Raveled`, see `_flat.flat_loop`),
         the same loop over the states themselves (else `None`). The reverse sweep
         differentiates its steps, so that each leaf's cotangent stays an array of its own
@@ -96,6 +97,7 @@ class EngineLoop:
     recorded_steps: int = 0
     throw: bool = False
     pack_state: bool = False
+    progress: "Progress | None" = None
     unraveled: "EngineLoop | None" = None
 
     @property
@@ -126,6 +128,25 @@ class EngineLoop:
         (unbatched under `vmap`)."""
         going = i < self.steps
         return going if self.cond is None else going & any_lane(pred)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the forward run of an `EngineLoop` reports (`bounded_while_loop(progress=...)`):
+    it runs in stretches over which `milestone(params, state)` (an int32 scalar) stays,
+    calling `report(params, state)` before the first step and after each stretch. Reverse
+    sweeps never report."""
+
+    milestone: Callable[..., jax.Array]
+    report: Callable[..., None]
+
+    def raveled(self) -> "Progress":
+        """The same, of a raveled state (`_tree.Raveled`, see `_flat.flat_loop`)."""
+        milestone, report = self.milestone, self.report
+        return Progress(
+            lambda params, flat: milestone(params, flat.unravel()),
+            lambda params, flat: report(params, flat.unravel()),
+        )
 
 
 class LoopInputs(NamedTuple):
@@ -228,10 +249,41 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
             )  # fmt: skip
         return step_forward(loop, params, xs, carry)
 
-    carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), body, carry)
+    if loop.progress is not None:
+        loop.progress.report(params, init)
+    carry = reporting_while_loop(loop, params, body, carry)
     final = carry.state if loop.checks_chain else None
     saved = Snapshots(carry.i, carry.prev, carry.snaps, carry.positions, carry.tape, final)
     return (carry.state, carry.buffers), (saved if save else None)
+
+
+def reporting_while_loop(
+    loop: EngineLoop, params, body: Callable, carry, within: Callable | None = None
+):
+    """`lax.while_loop` of `body` over a forward carry (fields `i`, `state`, `pred`) while
+    `loop.running` (and `within(carry)`, if given) hold. With `loop.progress`, it runs in
+    stretches over which the milestone stays, and reports after each stretch that ends where
+    the milestone moved or the loop ended (not after one that `within` cut short): a
+    `lax.cond` per stretch, none per step."""
+    running = lambda carry: loop.running(carry.i, carry.pred)
+    going = running if within is None else lambda carry: within(carry) & running(carry)
+    progress = loop.progress
+    if progress is None:
+        return lax.while_loop(going, body, carry)
+
+    def stretch(carry):
+        level = progress.milestone(params, carry.state)
+        moved = lambda carry: any_lane(progress.milestone(params, carry.state) != level)
+        carry = lax.while_loop(lambda carry: going(carry) & ~moved(carry), body, carry)
+        report_if(moved(carry) | ~running(carry), progress, params, carry.state)
+        return carry
+
+    return lax.while_loop(going, stretch, carry)
+
+
+def report_if(pred, progress: Progress, params, state) -> None:
+    """`progress.report(params, state)` where `pred` holds (unbatched)."""
+    lax.cond(pred, lambda: progress.report(params, state), lambda: None)
 
 
 class Reversal(NamedTuple):

@@ -19,7 +19,15 @@ from jax import lax
 
 from .._autodiff import _tree
 from . import _host
-from ._loop import EngineLoop, LoopInputs, Reversal, initial_cotangents, reverse_body, step_forward
+from ._loop import (
+    EngineLoop,
+    LoopInputs,
+    Reversal,
+    initial_cotangents,
+    reporting_while_loop,
+    reverse_body,
+    step_forward,
+)
 
 _INT = jnp.int32
 
@@ -72,12 +80,16 @@ def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
         host = _host.store(carry.host, loop.packed(params, carry.state), carry.i // segment)
         stop = jnp.minimum(carry.i + segment, loop.steps)
         steps = _Steps(carry.i, carry.state, carry.prev, carry.buffers, carry.pred, carry.tape)
-        going = lambda steps: (steps.i < stop) & loop.running(steps.i, steps.pred)
-        steps = lax.while_loop(going, partial(step_forward, loop, params, xs), steps)
+        within = lambda steps: steps.i < stop
+        steps = reporting_while_loop(
+            loop, params, partial(step_forward, loop, params, xs), steps, within
+        )
         return _Segments(steps.i, steps.state, steps.prev, host, steps.buffers, steps.pred,
                          steps.tape)  # fmt: skip
 
     carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape)
+    if loop.progress is not None:
+        loop.progress.report(params, init)
     carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
     final = carry.state if loop.checks_chain else None
     saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape, final)

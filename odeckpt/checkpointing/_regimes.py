@@ -149,7 +149,10 @@ class _Masked(NamedTuple):
 
 
 def _masked_scan(loop: EngineLoop, params, init, buffers):
-    """`lax.scan` over all `max_steps`; past the stop, a cheap skip keyed on `any_lane`."""
+    """`lax.scan` over all `max_steps`; past the stop, a cheap skip keyed on `any_lane`. With
+    `loop.progress`, a step reports where it moves the milestone or ends the loop (a `lax.cond`
+    per step: a scan cannot run in stretches)."""
+    progress = loop.progress
 
     def body(carry: _Masked, _) -> tuple[_Masked, None]:
         def advance(state, buffers):
@@ -159,8 +162,15 @@ def _masked_scan(loop: EngineLoop, params, init, buffers):
         keep = lambda state, buffers: (state, buffers)
         running = any_lane(carry.pred)
         state, buffers = lax.cond(running, advance, keep, carry.state, carry.buffers)
-        return _Masked(carry.i + 1, state, buffers, loop.predicate(params, state)), None
+        new = _Masked(carry.i + 1, state, buffers, loop.predicate(params, state))
+        if progress is not None:
+            moved = progress.milestone(params, state) != progress.milestone(params, carry.state)
+            ended = ~loop.running(new.i, new.pred)
+            _loop.report_if(running & (any_lane(moved) | ended), progress, params, state)
+        return new, None
 
+    if progress is not None:
+        progress.report(params, init)
     carry = _Masked(jnp.array(0, jnp.int32), init, buffers, loop.predicate(params, init))
     carry, _ = lax.scan(body, carry, None, length=loop.steps)
     return carry.state, carry.buffers

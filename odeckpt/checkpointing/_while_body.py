@@ -1,6 +1,7 @@
 """A `bounded_while_loop`'s functions in the engine's normal form (`EngineLoop`), and the checks
 of what they and its other arguments are."""
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -10,7 +11,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._autodiff import _tree, convert
-from ._loop import RECORDED_STEPS, EngineLoop, Stepped
+from ._loop import RECORDED_STEPS, EngineLoop, Progress, Stepped
 from ._vmap import lane_running
 
 _WRITE_FIX = (
@@ -135,12 +136,27 @@ class LoopParams(NamedTuple):
     pack: Any
     replay: Any
     unpack: Any
+    milestone: Any = None
+    report: Any = None
 
 
-def engine_loop(cond_fun, body_fun, init_val, outputs, max_steps: int, snapshot,
-                record_decisions: bool | int) -> tuple[EngineLoop, LoopParams]:  # fmt: skip
+def _check_progress(progress) -> None:
+    if progress is not None and not (
+        isinstance(progress, tuple) and len(progress) == 2 and all(map(callable, progress))
+    ):
+        raise TypeError(
+            "progress=(milestone, report) takes two functions: milestone(val) returns an int32 "
+            f"scalar, report(val) returns nothing; got {progress!r}"
+        )
+
+
+def engine_loop(
+    cond_fun, body_fun, init_val, outputs, max_steps: int, snapshot,
+    record_decisions: bool | int, progress=None,
+) -> tuple[EngineLoop, LoopParams]:  # fmt: skip
     """The loop in the engine's normal form: a masked step (finished lanes keep `val`, drop
-    writes), and the arrays its functions close over.
+    writes), and the arrays its functions close over; with `progress = (milestone, report)`
+    (`bounded_while_loop`), it reports as `_loop.Progress` says.
 
     Traces `cond_fun` once and `body_fun` once (twice when recording: the replay takes an
     array `recorded`), and checks what they return."""
@@ -173,7 +189,25 @@ def engine_loop(cond_fun, body_fun, init_val, outputs, max_steps: int, snapshot,
     body = lambda params, val: eqx.combine(params.body, body_s)(val, *first)
     step = _masked_step(cond, body, replay, outputs, record_decisions)
     loop = EngineLoop(step, cond, max_steps, pack, unpack, decisions, recorded_steps)
+    if progress is not None:
+        loop, params = _with_progress(loop, params, progress, init_val)
     return loop, params
+
+
+def _with_progress(loop: EngineLoop, params: LoopParams, progress, init_val):
+    """`loop` reporting by `progress = (milestone, report)`, and the arrays those close over."""
+    _check_progress(progress)
+    milestone_p, milestone_s = convert(progress[0], init_val)
+    level = eqx.combine(milestone_p, milestone_s).out_struct
+    if jnp.shape(level) != () or level.dtype != jnp.int32:
+        raise TypeError(f"progress: milestone(val) must return an int32 scalar, got {level}")
+    report_p, report_s = convert(progress[1], init_val)
+    hooks = Progress(
+        lambda params, val: eqx.combine(params.milestone, milestone_s)(val),
+        lambda params, val: eqx.combine(params.report, report_s)(val),
+    )
+    loop = dataclasses.replace(loop, progress=hooks)
+    return loop, params._replace(milestone=milestone_p, report=report_p)
 
 
 def _masked_step(cond, body, replay, outputs, record_decisions: bool):

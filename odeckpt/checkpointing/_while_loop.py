@@ -127,6 +127,7 @@ def bounded_while_loop(
     online: bool | None = None, snapshot: tuple[Callable, Callable] | None = None,
     record_decisions: bool | int = False, offload: Literal["host"] | None = None,
     plan: Plan | None = None, throw: bool = False, pack_state: bool = False,
+    progress: tuple[Callable, Callable] | None = None,
 ) -> Any:  # fmt: skip
     """A while loop that stops early, reverse-mode differentiable by online checkpointing.
 
@@ -185,6 +186,15 @@ def bounded_while_loop(
         moves), which pays for a state of many small leaves. The values are the same; under
         `vmap`, leaves of one dtype are batched together, so a leaf `vmap` would leave
         unbatched comes out batched.
+    - `progress`: optional `(milestone, report)`, to follow the loop from the host at a cost
+        per step of computing `milestone`: `milestone(val)` returns an int32 scalar (a
+        percentage, say) and `report(val)` typically makes a host callback
+        (`jax.debug.callback`). The loop then runs in stretches over which `milestone` stays,
+        and calls `report` once before the first step and once after each stretch that ends
+        where `milestone` moved or the loop stopped; the values computed are the same. A
+        reverse sweep never reports. Under `vmap` a stretch ends where any lane's `milestone`
+        moves, and `report` sees every lane's `val` (reduce the lanes to one value, with
+        `jax.custom_batching.custom_vmap`, to keep one callback per report).
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
         `[k, *leaf.shape[1:]]`; entry `j` goes to `buffer[index[j]]`, out-of-range indices are
@@ -263,7 +273,7 @@ def bounded_while_loop(
     if (budget if plan is None else plan).offload is not None:
         _host.check_host_memory("bounded_while_loop")
     loop, params = engine_loop(
-        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions
+        cond_fun, body_fun, init_val, outputs, max_steps, snapshot, record_decisions, progress
     )
     if not isinstance(pack_state, bool):
         raise TypeError(f"pack_state={pack_state!r} must be True or False. Fix: pass a bool.")
