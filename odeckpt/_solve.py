@@ -98,11 +98,13 @@ def solve(
     - `progress`: show a tqdm progress bar of the part of the span covered, in `log|t|` when t0
         and t1 have one sign and differ by more than a factor 1000 (a span over decades), and
         under `vmap` of the slowest lane still running. It works under `jit` and `vmap`, and
-        costs a few scalar operations per step (and a `lax.cond` where a gradient stores every
-        step's residuals) and at most 102 host callbacks per solve (one before the first step,
-        one per whole percent passed, one at the end), whatever the number of steps; the bar
-        closes where the solve ended (below 100% if it failed or stopped). A gradient's
-        reverse sweep does not move it. Off (the default), the program has none of it.
+        costs a few scalar operations per step and at most 102 host callbacks per solve (one
+        before the first step, at most one per whole percent passed, one at the end), whatever
+        the number of steps: the bar asks for its next report about 0.1 s ahead at the solve's
+        rate, so a quick solve calls the host a few times. The bar closes where the solve ended
+        (below 100% if it failed or stopped). A gradient's reverse sweep does not move it, and
+        one that stores every step's residuals moves it at its start and end only. Off (the
+        default), the program has none of it.
     - `event`: an `odeckpt.Event` or a tuple of them: stop at, or jump at, a sign change of
         `fn(t, y, args)` (see `Event`); `sol.event` says which terminal event ended the solve.
     - `jump_ts`: known discontinuities of `f` in time (dosing times, piecewise forcing): the

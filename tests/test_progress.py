@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 
 import odeckpt
 from odeckpt._adjoints._base import while_loop
@@ -20,13 +21,18 @@ from odeckpt.checkpointing import bounded_while_loop
 
 
 class Recorder:
-    """A bar that keeps every report it is shown (one per host callback)."""
+    """A bar that asks for a report at every percent and keeps each one it is shown."""
 
     def __init__(self):
         self.reports: list[Report] = []
+        self.target = 0
 
-    def show(self, report: Report) -> None:
+    def show(self, report: Report) -> int:
+        if not (report.first or report.done) and report.percent < self.target:
+            return self.target  # a stretch that a host segment cut short, as `ProgressBar`
         self.reports.append(report)
+        self.target = report.percent + 1  # the next percent: a report at every percent
+        return self.target
 
     @property
     def percents(self) -> list[int]:
@@ -177,7 +183,10 @@ def test_every_engine_regime_reports_its_forward_run_once_per_percent(adjoint, n
     jax.effects_barrier()
     np.testing.assert_allclose(slope, -value / (1 - 0.5 / 256), rtol=1e-12)  # of (1 - a/256)^256
     assert forward.percents == list(range(101))
-    assert gradient.reports == forward.reports
+    if num_steps is None:
+        assert gradient.reports == forward.reports
+    else:  # the gradient that stores every step's residuals: a scan, reported at its ends
+        assert gradient.reports == [forward.reports[0], forward.reports[-1]]
 
 
 @pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
@@ -247,9 +256,15 @@ def test_without_progress_the_program_calls_no_host():
     assert "callback" in text(True)
 
 
-def test_bounded_while_loop_reports_where_its_milestone_moves():
+def test_bounded_while_loop_reports_where_its_milestone_reaches_the_target():
     reports = []
-    report = lambda val: jax.debug.callback(lambda n: reports.append(int(n)), val[0])
+
+    def on_host(n):
+        reports.append(int(n))
+        return np.int32(n // 10 + 1)  # the next milestone
+
+    out = jax.ShapeDtypeStruct((), jnp.int32)
+    report = lambda val: io_callback(on_host, out, val[0])
     milestone = lambda val: (val[0] // 10).astype(jnp.int32)
     body = lambda val: (val[0] + 1, val[1] * 2.0)
 
@@ -271,3 +286,24 @@ def test_bounded_while_loop_reports_where_its_milestone_moves():
     with pytest.raises(TypeError, match="int32 scalar"):
         bounded_while_loop(lambda val: val[0] < 35, body, (0, 1.0), max_steps=100,
                            progress=(lambda val: val[1], report))  # fmt: skip
+    with pytest.raises(TypeError, match="report next"):
+        bounded_while_loop(lambda val: val[0] < 35, body, (jnp.array(0), 1.0), max_steps=100,
+                           progress=(milestone, lambda val: None))  # fmt: skip
+
+
+def test_the_bar_asks_a_quick_solve_for_fewer_reports():
+    # A solve that covers 1% in a microsecond is asked for its next report 0.1 s ahead (all of
+    # it), one that covers 1% in a second for the next percent; a report short of the target
+    # (a stretch that a host segment cut short) draws nothing and keeps the target.
+    bar = ProgressBar()
+    assert bar.show(Report(0, True, False)) == 1
+    bar._opened = (bar._opened[0] - 1e-6, 0)
+    assert bar.show(Report(1, False, False)) == 100
+    assert bar.show(Report(40, False, False)) == 100
+    bar._opened = (bar._opened[0] - 100.0, 0)
+    assert bar.show(Report(100, False, False)) == 100
+    bar = ProgressBar()
+    bar.show(Report(0, True, False))
+    bar._opened = (bar._opened[0] - 10.0, 0)
+    assert bar.show(Report(2, False, False)) == 3
+    assert bar.show(Report(100, False, True)) > 100

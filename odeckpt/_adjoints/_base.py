@@ -106,8 +106,8 @@ def while_loop(
 ) -> tuple[LoopState, Outputs, AbstractWatch | None]:
     """Run `loop` from `state` in a plain `lax.while_loop` (forward-mode differentiable, storing
     nothing per step), writing into `outputs` and updating `watch` at every step. With a
-    `progress` meter, the loop runs in stretches over which `loop.milestone` stays, and reports
-    before the first and after each."""
+    `progress` meter, the loop runs in stretches until `loop.milestone` reaches the one the
+    last report returned, and reports before the first and after each."""
 
     def cond(carry):
         state, _, _, steps = carry
@@ -128,17 +128,17 @@ def while_loop(
         state, outputs, watch, _ = lockstep_while_loop(cond, body, carry, body_masks=True)
         return state, outputs, watch
 
-    def stretch(carry, running):
+    def stretch(reporting, running):
         # (Every lane that runs on here runs on in the inner loop, which masks the others.)
         del running
-        level = loop.milestone(carry[0])
-        same = lambda carry: cond(carry) & (loop.milestone(carry[0]) == level)
-        carry = lockstep_while_loop(same, body, carry, body_masks=True)
-        loop.report(carry[0])
-        return carry
+        carry, target = reporting
+        short = lambda carry: cond(carry) & (loop.milestone(carry[0]) < target)
+        carry = lockstep_while_loop(short, body, carry, body_masks=True)
+        return carry, loop.report(carry[0])
 
-    loop.report(state)
-    state, outputs, watch, _ = lockstep_while_loop(cond, stretch, carry, body_masks=True)
+    reporting = (carry, loop.report(state))
+    carry, _ = lockstep_while_loop(lambda r: cond(r[0]), stretch, reporting, body_masks=True)
+    state, outputs, watch, _ = carry
     return state, outputs, watch
 
 

@@ -77,15 +77,16 @@ class IntegrationLoop(eqx.Module):
 
     def milestone(self, state: LoopState) -> IntScalar:
         """The whole percent of the span covered at `state` (`ProgressMeter.milestone`): a
-        runner with a `progress` meter runs the steps in stretches over which it stays, and
-        `report`s after each."""
+        runner with a `progress` meter runs the steps in stretches until it reaches the one
+        the last `report` returned, and `report`s after each."""
         assert self.progress is not None  # asked of a loop with a meter only
         return self.progress.milestone(state, self._running(state))
 
-    def report(self, state: LoopState) -> None:
-        """Tell the `progress` meter's bar where the solve is at `state`."""
+    def report(self, state: LoopState) -> IntScalar:
+        """Tell the `progress` meter's bar where the solve is at `state`; **returns** the
+        milestone at which to report next."""
         assert self.progress is not None  # asked of a loop with a meter only
-        self.progress.report(state, self._running(state))
+        return self.progress.report(state, self._running(state))
 
     def final_status(self, state: LoopState) -> Status:
         """How a run that ended in `state` went: `max_steps_reached` if it stopped before

@@ -133,12 +133,12 @@ class EngineLoop:
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """What the forward run of an `EngineLoop` reports (`bounded_while_loop(progress=...)`):
-    it runs in stretches over which `milestone(params, state)` (an int32 scalar) stays,
-    calling `report(params, state)` before the first step and after each stretch. Reverse
-    sweeps never report."""
+    `report(params, state)` before the first step returns a target, and the run goes on in
+    stretches until `milestone(params, state)` (an int32 scalar) reaches the target, calling
+    `report` after each stretch for the next target. Reverse sweeps never report."""
 
     milestone: Callable[..., jax.Array]
-    report: Callable[..., None]
+    report: Callable[..., jax.Array]
 
     def raveled(self) -> "Progress":
         """The same, of a raveled state (`_tree.Raveled`, see `_flat.flat_loop`)."""
@@ -249,41 +249,35 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
             )  # fmt: skip
         return step_forward(loop, params, xs, carry)
 
-    if loop.progress is not None:
-        loop.progress.report(params, init)
-    carry = reporting_while_loop(loop, params, body, carry)
+    target = None if loop.progress is None else loop.progress.report(params, init)
+    carry, _ = reporting_while_loop(loop, params, body, carry, target)
     final = carry.state if loop.checks_chain else None
     saved = Snapshots(carry.i, carry.prev, carry.snaps, carry.positions, carry.tape, final)
     return (carry.state, carry.buffers), (saved if save else None)
 
 
 def reporting_while_loop(
-    loop: EngineLoop, params, body: Callable, carry, within: Callable | None = None
+    loop: EngineLoop, params, body: Callable, carry, target, within: Callable | None = None
 ):
     """`lax.while_loop` of `body` over a forward carry (fields `i`, `state`, `pred`) while
-    `loop.running` (and `within(carry)`, if given) hold. With `loop.progress`, it runs in
-    stretches over which the milestone stays, and reports after each stretch that ends where
-    the milestone moved or the loop ended (not after one that `within` cut short): a
-    `lax.cond` per stretch, none per step."""
+    `loop.running` (and `within(carry)`, if given) hold; **returns** the final carry and the
+    progress `target` (`None` without `loop.progress`). With `loop.progress`, it runs in
+    stretches until the milestone reaches `target`, and reports after each stretch (one that
+    `within` cut short too: the report sees the milestone short of the target) for the next
+    target: no `lax.cond`, so that the report may be an `io_callback` under `vmap`."""
     running = lambda carry: loop.running(carry.i, carry.pred)
     going = running if within is None else lambda carry: within(carry) & running(carry)
     progress = loop.progress
     if progress is None:
-        return lax.while_loop(going, body, carry)
+        return lax.while_loop(going, body, carry), None
+    short = lambda carry, target: any_lane(progress.milestone(params, carry.state) < target)
 
-    def stretch(carry):
-        level = progress.milestone(params, carry.state)
-        moved = lambda carry: any_lane(progress.milestone(params, carry.state) != level)
-        carry = lax.while_loop(lambda carry: going(carry) & ~moved(carry), body, carry)
-        report_if(moved(carry) | ~running(carry), progress, params, carry.state)
-        return carry
+    def stretch(reporting):
+        carry, target = reporting
+        carry = lax.while_loop(lambda c: going(c) & short(c, target), body, carry)
+        return carry, progress.report(params, carry.state)
 
-    return lax.while_loop(going, stretch, carry)
-
-
-def report_if(pred, progress: Progress, params, state) -> None:
-    """`progress.report(params, state)` where `pred` holds (unbatched)."""
-    lax.cond(pred, lambda: progress.report(params, state), lambda: None)
+    return lax.while_loop(lambda r: going(r[0]), stretch, (carry, target))
 
 
 class Reversal(NamedTuple):

@@ -54,6 +54,7 @@ class _Segments(NamedTuple):
     buffers: Any
     pred: jax.Array
     tape: Any
+    target: Any  # the progress target (`_loop.reporting_while_loop`), or `None`
 
 
 class _Steps(NamedTuple):
@@ -81,15 +82,14 @@ def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
         stop = jnp.minimum(carry.i + segment, loop.steps)
         steps = _Steps(carry.i, carry.state, carry.prev, carry.buffers, carry.pred, carry.tape)
         within = lambda steps: steps.i < stop
-        steps = reporting_while_loop(
-            loop, params, partial(step_forward, loop, params, xs), steps, within
+        steps, target = reporting_while_loop(
+            loop, params, partial(step_forward, loop, params, xs), steps, carry.target, within
         )
         return _Segments(steps.i, steps.state, steps.prev, host, steps.buffers, steps.pred,
-                         steps.tape)  # fmt: skip
+                         steps.tape, target)  # fmt: skip
 
-    carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape)
-    if loop.progress is not None:
-        loop.progress.report(params, init)
+    target = None if loop.progress is None else loop.progress.report(params, init)
+    carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape, target)
     carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
     final = carry.state if loop.checks_chain else None
     saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape, final)

@@ -150,9 +150,9 @@ class _Masked(NamedTuple):
 
 def _masked_scan(loop: EngineLoop, params, init, buffers):
     """`lax.scan` over all `max_steps`; past the stop, a cheap skip keyed on `any_lane`. With
-    `loop.progress`, a step reports where it moves the milestone or ends the loop (a `lax.cond`
-    per step: a scan cannot run in stretches)."""
-    progress = loop.progress
+    `loop.progress`, it reports before its first step and after its last only: a scan cannot
+    run in stretches, and a report that may be an `io_callback` cannot sit in a `lax.cond`
+    under `vmap`."""
 
     def body(carry: _Masked, _) -> tuple[_Masked, None]:
         def advance(state, buffers):
@@ -162,15 +162,12 @@ def _masked_scan(loop: EngineLoop, params, init, buffers):
         keep = lambda state, buffers: (state, buffers)
         running = any_lane(carry.pred)
         state, buffers = lax.cond(running, advance, keep, carry.state, carry.buffers)
-        new = _Masked(carry.i + 1, state, buffers, loop.predicate(params, state))
-        if progress is not None:
-            moved = progress.milestone(params, state) != progress.milestone(params, carry.state)
-            ended = ~loop.running(new.i, new.pred)
-            _loop.report_if(running & (any_lane(moved) | ended), progress, params, state)
-        return new, None
+        return _Masked(carry.i + 1, state, buffers, loop.predicate(params, state)), None
 
-    if progress is not None:
-        progress.report(params, init)
+    if loop.progress is not None:
+        loop.progress.report(params, init)
     carry = _Masked(jnp.array(0, jnp.int32), init, buffers, loop.predicate(params, init))
     carry, _ = lax.scan(body, carry, None, length=loop.steps)
+    if loop.progress is not None:
+        loop.progress.report(params, carry.state)
     return carry.state, carry.buffers

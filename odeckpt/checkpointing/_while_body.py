@@ -146,7 +146,8 @@ def _check_progress(progress) -> None:
     ):
         raise TypeError(
             "progress=(milestone, report) takes two functions: milestone(val) returns an int32 "
-            f"scalar, report(val) returns nothing; got {progress!r}"
+            "scalar, report(val) the int32 milestone at which to report next; got "
+            f"{progress!r}"
         )
 
 
@@ -202,6 +203,14 @@ def _with_progress(loop: EngineLoop, params: LoopParams, progress, init_val):
     if jnp.shape(level) != () or level.dtype != jnp.int32:
         raise TypeError(f"progress: milestone(val) must return an int32 scalar, got {level}")
     report_p, report_s = convert(progress[1], init_val)
+    target = eqx.combine(report_p, report_s).out_struct
+    if not (isinstance(target, jax.ShapeDtypeStruct) and target.shape == ()) or (
+        target.dtype != jnp.int32
+    ):
+        raise TypeError(
+            "progress: report(val) must return an int32 scalar (the milestone at which to "
+            f"report next), got {target}"
+        )
     hooks = Progress(
         lambda params, val: eqx.combine(params.milestone, milestone_s)(val),
         lambda params, val: eqx.combine(params.report, report_s)(val),

@@ -188,12 +188,17 @@ def bounded_while_loop(
         unbatched comes out batched.
     - `progress`: optional `(milestone, report)`, to follow the loop from the host at a cost
         per step of computing `milestone`: `milestone(val)` returns an int32 scalar (a
-        percentage, say) and `report(val)` typically makes a host callback
-        (`jax.debug.callback`). The loop then runs in stretches over which `milestone` stays,
-        and calls `report` once before the first step and once after each stretch that ends
-        where `milestone` moved or the loop stopped; the values computed are the same. A
-        reverse sweep never reports. Under `vmap` a stretch ends where any lane's `milestone`
-        moves, and `report` sees every lane's `val` (reduce the lanes to one value, with
+        percentage, say) and `report(val)` makes a host callback
+        (`jax.experimental.io_callback`) that returns the int32 milestone at which to report
+        next (`milestone + 1` to hear of every change, more to hear less often). The loop
+        calls `report` once before the first step, then runs in stretches until `milestone`
+        reaches the target the last report returned, calling `report` after each (also
+        after a stretch that a host-offload segment cut short, where `milestone` is still
+        below the target: return the same target there); the values computed are the same.
+        A gradient that stores every step's residuals (a `lax.scan`) reports only before
+        its first step and after its last; a reverse sweep never reports. Under `vmap` a
+        stretch goes on while any lane's `milestone` is below the target, and `report` sees
+        every lane's `val` (reduce the lanes to one value, with
         `jax.custom_batching.custom_vmap`, to keep one callback per report).
     - `outputs`: optional pytree of buffers (leading axis `m`). Then `body_fun(val)` returns
         `(val, (index, values))`: `index` int32 `[k]`, `values` like `outputs` with leaves
