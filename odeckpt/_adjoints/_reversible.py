@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._error_norm import scaled_distance
-from .._loop import IntegrationLoop, LoopState, StepRecord, written_groups
+from .._loop import IntegrationLoop, LoopState, StepRecord, index_unless_dropped, written_groups
 from .._steppers import Reversible, ReversibleState
 from ..checkpointing import lockstep_while_loop
 from ._base import AbstractWatch, GradientStats, while_loop
@@ -225,7 +225,7 @@ def _reverse(
             )
             groups = written_groups(writes)
             return ((new.t, new.y, new.stepper_state), [v for _, v in groups]), [
-                jnp.where(running, i, jnp.iinfo(jnp.int32).max) for i, _ in groups
+                index_unless_dropped(running, i) for i, _ in groups
             ]
 
         _, vjp, indices = jax.vjp(step, diff, t_start, y, state, has_aux=True)

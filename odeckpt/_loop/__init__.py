@@ -30,6 +30,7 @@ from ._outputs import (
     Outputs as Outputs,
     Rows as Rows,
     Writes as Writes,
+    index_unless_dropped as index_unless_dropped,
     written_groups as written_groups,
 )
 from ._progress import ProgressBar as ProgressBar, ProgressMeter as ProgressMeter

@@ -43,14 +43,18 @@ class Writes(eqx.Module):
     def only_where(self, keep: Array) -> "Writes":
         """These writes where `keep` holds; elsewhere (a finished lane under `vmap`) every row
         goes to an out-of-range index, which the buffers drop."""
-        dropped = jnp.iinfo(jnp.int32).max
 
         def mask(rows):
-            if rows is None:
-                return None
-            return Rows(jnp.where(keep, rows.index, dropped), rows.values)
+            return (
+                None if rows is None else Rows(index_unless_dropped(keep, rows.index), rows.values)
+            )
 
         return Writes(mask(self.ts), mask(self.steps), mask(self.dense))
+
+
+def index_unless_dropped(keep: Array, index: Array) -> Array:
+    """`index` where `keep` holds, else an index past any buffer (a write there is dropped)."""
+    return jnp.where(keep, index, jnp.iinfo(jnp.int32).max)
 
 
 class Outputs(eqx.Module):

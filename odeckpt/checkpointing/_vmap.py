@@ -104,6 +104,12 @@ def lockstep_while_loop(cond_fun, body_fun, init_val, *, body_masks: bool = Fals
     ```
     """
 
+    if not isinstance(body_masks, bool):
+        raise TypeError(
+            f"lockstep_while_loop(body_masks={body_masks!r}) must be True or False. Fix: pass "
+            "body_masks=True for a body_fun(val, running) that keeps finished lanes itself."
+        )
+
     def body(val):
         running = lane_running(cond_fun(val))
         if body_masks:
