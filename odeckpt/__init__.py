@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         Event as Event,
         PIDController as PIDController,
     )
+    from ._mass_matrix import MassMatrix as MassMatrix
     from ._memory import (
         CompiledMemory as CompiledMemory,
         MemoryReport as MemoryReport,
@@ -91,6 +92,7 @@ _PUBLIC = {
         "PIDController",
     ),
     "._memory": ("CompiledMemory", "MemoryReport", "compiled_memory", "memory_report"),
+    "._mass_matrix": ("MassMatrix",),
     "._saveat": ("SaveAt",),
     "._solution": ("Solution", "Stats"),
     "._ensemble": ("ensemble",),

@@ -34,11 +34,13 @@ from ._loop import (
     saves_per_step,
     vector_field_in_internal_time,
 )
+from ._mass_matrix import MassMatrix
 from ._on_failure import Solved, nan_derivatives_if, raised
 from ._saveat import SaveAt
 from ._solution import Solution, Stats
 from ._status import Status
 from ._steppers import (
+    AbstractMassMatrix,
     AbstractStepper,
     Tsit5,
     newton_rtol,
@@ -66,6 +68,7 @@ def solve(
     progress: bool = False,
     event: Event | tuple[Event, ...] | None = None,
     jump_ts: jax.Array | np.ndarray | None = None,
+    mass_matrix: MassMatrix | jax.Array | np.ndarray | None = None,
     **unexpected_keywords,
 ) -> Solution:
     """Solve the initial value problem `dy/dt = f(t, y, args)`, `y(t0) = y0`, over `t_span`.
@@ -110,6 +113,11 @@ def solve(
     - `jump_ts`: known discontinuities of `f` in time (dosing times, piecewise forcing): the
         steps land exactly on each and the stepper and controller restart there. They may be
         traced: the derivative in a jump time is the change of `f` there (see docs/events.md).
+    - `mass_matrix`: solve the differential-algebraic equation `M y' = f(t, y, args)` with
+        this constant mass matrix (an `odeckpt.MassMatrix`, or the `(n, n)` array for
+        `MassMatrix(array)`): singular for algebraic equations (index 1), with consistent
+        initial values found from `y0` (see `MassMatrix`). Steppers: `Radau5`, `BDF`,
+        `Rodas5`; adjoints: all but the continuous ones (see docs/dae.md).
 
     Only `f`, `y0`, `t_span` and `args` are positional. Keywords of diffrax's `diffeqsolve`,
     scipy's `solve_ivp` or torchdiffeq's `odeint` (`stepsize_controller=`, `t0=`, `method=`,
@@ -139,7 +147,7 @@ def solve(
     problem, options, invalid = prepare(
         f, y0, t_span, args, solver=solver, adjoint=adjoint, rtol=rtol, atol=atol, dt0=dt0,
         controller=controller, saveat=saveat, max_steps=max_steps, throw=throw,
-        progress=progress, event=event, jump_ts=jump_ts,
+        progress=progress, event=event, jump_ts=jump_ts, mass_matrix=mass_matrix,
     )  # fmt: skip
     solved = validate.with_traced_numbers(
         args, lambda args: _solve(dataclasses.replace(problem, args=args), options, invalid)
@@ -165,7 +173,7 @@ class Problem(eqx.Module):
 
 def prepare(
     f, y0, t_span, args, *, solver, adjoint, rtol, atol, dt0, controller, saveat, max_steps,
-    throw, progress, event, jump_ts,
+    throw, progress, event, jump_ts, mass_matrix=None,
 ) -> tuple[Problem, "Options", jax.Array | None]:  # fmt: skip
     """`solve`'s arguments checked (raising, naming the fix, at call time where possible):
     the `Problem`, the `Options`, and whether a traced input failed its check (`None` when
@@ -190,12 +198,15 @@ def prepare(
     dt0 = validate.step_size(dt0, t0, t1, checks)
     controller = _controller(controller, stepper, dt0, rtol, atol, y0)
     stepper = _newton_tolerances(stepper, controller, rtol, atol)
+    stepper = _with_mass_matrix(stepper, mass_matrix, y0, controller, rtol, atol)
     for name, held in _held_rtols(controller, stepper, adjoint):
         validate.warn_below_resolution(name, held, y0)
     saveat = _saveat(saveat)
     events = validate.events(event)
     if events is not None:
         adjoint.check_events(events)
+    if mass_matrix is not None:
+        adjoint.check_mass_matrix(events)
     validate.check_finite(y0)
     jumps = validate.jump_times(jump_ts, t0.dtype, checks)
     t0_value, t1_value = validate.concrete(t0), validate.concrete(t1)
@@ -276,6 +287,8 @@ def _solve(problem: Problem, options: Options, invalid_inputs: jax.Array | None)
     _check_functions(problem.f, options.events, problem.t0, problem.y0, problem.args)
     setup = Setup.make(problem, options)
     init, init_evals = setup.loop.init_state(setup.tau0, problem.y0, setup.dt)
+    # A DAE's initial values made consistent: the solution starts there.
+    problem = dataclasses.replace(problem, y0=init.y)
     if invalid_inputs is not None:
         init = dataclasses.replace(init, status=_unless_invalid(invalid_inputs, init.status))
     result = options.adjoint.run(setup.loop, init, setup.loop.init_outputs(init))
@@ -507,11 +520,33 @@ def _rtol_clamped(options: Options, y0: Y) -> BoolScalar:
 def _newton_tolerances(stepper, controller, rtol, atol) -> AbstractStepper:
     """An implicit stepper's Newton iteration converges to the tolerances of the controller
     (of the solve, with a controller that takes none)."""
-    if isinstance(controller, AbstractAdaptiveController):
-        rtol, atol = controller.rtol, controller.atol
-    rtol, atol = _given(rtol, DEFAULT_RTOL), _given(atol, DEFAULT_ATOL)
+    rtol, atol = _step_tolerances(controller, rtol, atol)
     # Newton's norm is over flattened coordinates: one tolerance, the tightest.
     return with_newton_tolerances(stepper, tightest(rtol), tightest(atol))
+
+
+def _step_tolerances(controller, rtol, atol) -> tuple:
+    """The tolerances the steps are held to: the adaptive controller's, else the solve's."""
+    if isinstance(controller, AbstractAdaptiveController):
+        rtol, atol = controller.rtol, controller.atol
+    return _given(rtol, DEFAULT_RTOL), _given(atol, DEFAULT_ATOL)
+
+
+def _with_mass_matrix(stepper, mass_matrix, y0, controller, rtol, atol) -> AbstractStepper:
+    """`stepper` solving `M y' = f` with `mass_matrix` (unchanged without one); raises, naming
+    the steppers that can, for a stepper that cannot."""
+    if mass_matrix is None:
+        return stepper
+    if not isinstance(mass_matrix, MassMatrix):
+        mass_matrix = MassMatrix(mass_matrix)
+    if not isinstance(stepper, AbstractMassMatrix):
+        raise ValueError(
+            f"solver={type(stepper).__name__}() cannot solve with a mass matrix "
+            "(`M y' = f`, a DAE when M is singular). Fix: use a stepper for index-1 DAEs: "
+            "`odeckpt.Radau5()`, `odeckpt.BDF()` or `odeckpt.Rodas5()`."
+        )
+    rtol, atol = _step_tolerances(controller, rtol, atol)
+    return dataclasses.replace(stepper, mass=mass_matrix.resolve(y0, rtol, atol))
 
 
 def _saveat(saveat) -> SaveAt:

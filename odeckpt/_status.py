@@ -131,6 +131,27 @@ class Status(eqx.Module):
         "check how these values are computed (with throw=True the error names the input).",
     )
 
+    inconsistent_initial_values = _Outcome(
+        "The initial values (or the state after an event's jump) do not satisfy the algebraic "
+        "equations of the DAE `M y' = f` to the tolerances, and Newton's method on the "
+        "algebraic variables did not find values that do (or, with "
+        "`MassMatrix(initial='check')`, the given ones violate them).",
+        "give algebraic components of y0 closer to a solution of the algebraic equations (or "
+        "use `MassMatrix(initial='solve')`, the default, to solve for them); check the "
+        "algebraic equations of `f` at t0 (a constraint that no state satisfies, or the wrong "
+        "rows of `M` left zero).",
+    )
+    dae_index = _Outcome(
+        "The algebraic equations of the DAE do not determine its algebraic variables: their "
+        "Jacobian in those variables (`Q^T df/dy P`, with `P` spanning the null space of `M` "
+        "and `Q` that of `M^T`) is singular, so the DAE is not of index 1 (an index-2 or "
+        "higher problem, e.g. a constraint that does not involve the variable it should "
+        "determine).",
+        "reduce the index (differentiate the constraint until it involves the algebraic "
+        "variable, as for the velocity form of a pendulum's constraint), or check that the "
+        "zero rows and columns of `M` mark exactly the algebraic equations and variables.",
+    )
+
     @classmethod
     def where(cls, pred: Bool[ArrayLike, "..."], a: "Status", b: "Status") -> "Status":
         """`a` where `pred` holds, else `b` (elementwise, as `jnp.where`)."""

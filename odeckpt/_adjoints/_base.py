@@ -69,6 +69,12 @@ class AbstractAdjoint(eqx.Module):
         (`odeckpt.Event`s); every adjoint that differentiates the discrete solve can."""
         del events
 
+    def check_mass_matrix(self, events: tuple | None) -> None:
+        """Raise (naming the fix) if this adjoint cannot differentiate a solve of `M y' = f`
+        (a DAE) with `events` (or none); every adjoint that differentiates the discrete solve
+        can."""
+        del events
+
 
 class AbstractWatch(eqx.Module):
     """Something the plain runner keeps up to date as the loop steps (stored states, a window of

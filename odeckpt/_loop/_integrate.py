@@ -19,7 +19,7 @@ from jaxtyping import Array, Float
 from .._checks import all_finite, leading_mask, with_nonfinite
 from .._saveat import SaveAt
 from .._status import Status
-from .._steppers import AbstractStepper, Step
+from .._steppers import AbstractStepper, Consistency, Step
 from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._controllers import AbstractController
 from ._decision import checked_decision
@@ -218,6 +218,7 @@ class IntegrationLoop(eqx.Module):
             assert self.events is not None  # a crossing of one of them
             jumped = self.events.update(crossing.index, new.t, y, self.args)
             y = jax.tree.map(lambda a, b: jnp.where(jumping, a, b), jumped, y)
+        y, consistency = self.stepper.consistent(self.f, new.t, y, self.args)
         stepper_state = self.stepper.init(self.f, new.t, y, self.args)
         f0 = self.stepper.derivative(stepper_state)
         dt, controller_state, _ = self.controller.init(
@@ -226,6 +227,7 @@ class IntegrationLoop(eqx.Module):
         return dataclasses.replace(
             new, y=y, stepper_state=stepper_state, dt=dt, controller_state=controller_state,
             counts=new.counts + LoopState.increments(num_fn_evals=1),
+            status=_unless_inconsistent(consistency, new.status),
         )  # fmt: skip
 
     def _folds_checks(self, step: Step) -> bool:
@@ -311,6 +313,7 @@ class IntegrationLoop(eqx.Module):
         """The initial loop state, and the vector-field evaluations spent making it. A solve
         that starts from a non-finite `y0` or `f(t0, y0, args)`, or with invalid (traced)
         controller settings, fails before its first step."""
+        y0, consistency = self.stepper.consistent(self.f, t0, y0, self.args)
         stepper_state = self.stepper.init(self.f, t0, y0, self.args)
         f0 = self.stepper.derivative(stepper_state)
         dt, controller_state, evals = self.controller.init(
@@ -318,7 +321,8 @@ class IntegrationLoop(eqx.Module):
         )
         # Save times at t0 are written by `init_outputs`, not by a step.
         saved = 0 if self.ts is None else jnp.sum(self.ts <= t0, dtype=jnp.int32)
-        status = Status.where(all_finite(f0), Status.successful, Status.nonfinite_f0)
+        status = _unless_inconsistent(consistency, Status.successful)
+        status = Status.where(all_finite(f0), status, Status.nonfinite_f0)
         status = Status.where(self.controller.valid(), status, Status.invalid_settings)
         state = LoopState(
             t=t0,
@@ -386,6 +390,14 @@ def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
         return ys + leading_mask(moved.astype(y.dtype), ys) * f[None]
 
     return jax.tree.map(rows, y0, f0)
+
+
+def _unless_inconsistent(consistency: Consistency | None, status: Status) -> Status:
+    """`status`, or the failure to make a DAE's values consistent (`None`: an ODE)."""
+    if consistency is None:
+        return status
+    status = Status.where(consistency.inconsistent, Status.inconsistent_initial_values, status)
+    return Status.where(consistency.singular, Status.dae_index, status)
 
 
 def _slope(dense: Y, theta: Scalar, h: Scalar) -> Y:

@@ -26,6 +26,11 @@ from ._implicit import (
 from ._implicit_classic import ImplicitEuler as ImplicitEuler, Trapezoid as Trapezoid
 from ._implicit_tableau import ESDIRKTableau as ESDIRKTableau
 from ._kvaerno import Kvaerno3 as Kvaerno3, Kvaerno4 as Kvaerno4, Kvaerno5 as Kvaerno5
+from ._mass import (
+    AbstractMassMatrix as AbstractMassMatrix,
+    Consistency as Consistency,
+    FlatMass as FlatMass,
+)
 from ._newton import (
     AbstractNewton as AbstractNewton,
     Newton as Newton,

@@ -12,6 +12,8 @@ from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 # a subclass's `ClassVar` would look like an incompatible override (pyright#4965).
 if TYPE_CHECKING:
     from typing import ClassVar as AbstractClassVar
+
+    from ._mass import Consistency
 else:
     from equinox import AbstractClassVar
 
@@ -164,6 +166,21 @@ class AbstractStepper(eqx.Module):
                 f"one-step default of `{hook}` would drop its history. Fix: implement "
                 "`differentiable_state` and `with_differentiable_state` for its state."
             )
+
+    def consistent(
+        self, f: VectorField, t: Scalar, y: Y, args: Args
+    ) -> tuple[Y, "Consistency | None"]:
+        """`y` made consistent with the algebraic equations of a DAE `M y' = f` (with how it
+        went), for a stepper given a singular mass matrix; the default (an ODE): `y` itself and
+        `None`."""
+        del f, t, args
+        return y, None
+
+    def slope(self, f: VectorField, t: Scalar, y: Y, args: Args, state: Y | None = None) -> Y:
+        """`dy/dt` of the solution through `(t, y)`: `f(t, y, args)` for an ODE (read from the
+        stepper `state` at that point when given), the slope that keeps a DAE's algebraic
+        equations for a stepper given a mass matrix."""
+        return f(t, y, args) if state is None else self.derivative(state)
 
     def with_fresh_jacobian(self, state: Y) -> Y:
         """`state`, asking for a Jacobian at the next attempt (for a stepper that reuses one;

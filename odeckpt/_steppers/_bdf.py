@@ -16,7 +16,8 @@ from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._esdirk import ImplicitState
 from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
-from ._newton import AbstractNewton, FlatField, Jacobian, Newton, Stage, same_step_size
+from ._mass import AbstractMassMatrix, FlatMass
+from ._newton import AbstractNewton, Jacobian, Newton, Stage, same_step_size
 
 MAX_ORDER = 5
 _MIN_FACTOR, _MAX_FACTOR = 0.2, 10.0
@@ -142,7 +143,7 @@ class BDFState(eqx.Module):
     equal_steps: IntScalar
 
 
-class BDF(AbstractProposer):
+class BDF(AbstractMassMatrix, AbstractProposer):
     """Variable-order (1 to 5), variable-step backward differentiation formulas, as in CVODE,
     scipy's `BDF` and Julia's `QNDF`/`FBDF`: one implicit equation per step, solved by
     simplified Newton with the Jacobian reused across steps, so a step costs one or two
@@ -203,6 +204,7 @@ class BDF(AbstractProposer):
     ndf: bool = eqx.field(default=False, static=True)
     rtol: float | None = None
     atol: float | None = None
+    mass: FlatMass | None = None
 
     name: ClassVar[str] = "bdf"
     order: ClassVar[int] = MAX_ORDER
@@ -224,12 +226,14 @@ class BDF(AbstractProposer):
 
     def init(self, f: VectorField, t0: Scalar, y0: Y, args: Args) -> BDFState:
         """**Returns:** the state at the initial point: the differences of the constant-slope
-        history `D_0 = y0, D_1 = f(t0, y0)` (spacing 1), order 1, an empty Newton cache."""
+        history `D_0 = y0, D_1 = y'(t0)` (spacing 1; `y' = f(t0, y0)` for an ODE, the slope
+        of the consistent solution for a DAE), order 1, an empty Newton cache."""
         t0 = jnp.asarray(t0)
         implicit = ImplicitState.initial(self.newton, f, t0, y0, args)
         coordinates, y0_flat = RealCoordinates.make(y0)
+        slope = implicit.f if self.mass is None else self.slope(f, t0, y0, args)
         differences = jnp.zeros((MAX_ORDER + 3, y0_flat.shape[0]), y0_flat.dtype)
-        differences = differences.at[0].set(y0_flat).at[1].set(coordinates.ravel(implicit.f))
+        differences = differences.at[0].set(y0_flat).at[1].set(coordinates.ravel(slope))
         return BDFState(
             implicit=implicit,
             differences=differences,
@@ -262,7 +266,7 @@ class BDF(AbstractProposer):
         coefficients = self.coefficients
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
         h = t1 - t0
-        field, y0_flat = FlatField.make(f, t0, y0, args)
+        field, y0_flat = self.field_of(f, t0, y0, args)
         dtype, k = y0_flat.dtype, state.order
         history = _rescale(state.differences, k, (h / state.h).astype(dtype))
         rows = jnp.arange(MAX_ORDER + 3)
@@ -284,7 +288,7 @@ class BDF(AbstractProposer):
         failed = ~info.converged
         on_accept, on_reject = newton.next_caches(prepared.cache, failed, info.rate)
         # f(t1, y1) from the implicit equation, as ESDIRK steppers take theirs.
-        f1 = field.unravel(per_step(z - stage.base, c))
+        f1 = field.unravel(per_step(field.mass_times(z - stage.base), c))
         accepted = BDFState(
             implicit=ImplicitState(f1, on_accept, info.eta), differences=differences, h=h,
             order=jnp.where(choice.ready, choice.order, k), equal_steps=choice.equal_steps,

@@ -18,6 +18,7 @@ from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
 from ._esdirk import ImplicitState
 from ._implicit import AbstractProposer, check_jac, check_tolerances, per_step
+from ._mass import AbstractMassMatrix, FlatMass
 from ._newton import (
     AbstractNewton,
     AbstractSystem,
@@ -63,10 +64,10 @@ class RadauState(eqx.Module):
 
 
 class Collocation(AbstractSystem):
-    """The stage increments `Z = (Z_1, Z_2, Z_3)` of one step, stacked: `Z_i = h sum_j a_ij
-    f(ts_j, y0 + Z_j)`. (The stage matrix `a` is a field, not a constant made inside the
-    residual: the Newton iteration's loop would otherwise take it as a constant that a
-    checkpointing adjoint differentiates, which a while loop cannot be.)"""
+    """The stage increments `Z = (Z_1, Z_2, Z_3)` of one step, stacked: `M Z_i = h sum_j a_ij
+    f(ts_j, y0 + Z_j)` (`M = I` for an ODE). (The stage matrix `a` is a field, not a constant
+    made inside the residual: the Newton iteration's loop would otherwise take it as a
+    constant that a checkpointing adjoint differentiates, which a while loop cannot be.)"""
 
     field: FlatField
     ts: Array
@@ -83,7 +84,7 @@ class Collocation(AbstractSystem):
             self.ts, self._values(z), self.args
         )
         h = jnp.asarray(self.h, z.dtype)
-        return (z.reshape(3, -1) - h * (self.a @ derivatives)).reshape(-1)
+        return (self.field.mass_times(z.reshape(3, -1)) - h * (self.a @ derivatives)).reshape(-1)
 
     def matrix(self, z: Array) -> Array:
         at = lambda t, y: exact_jacobian(self.field, t, y, self.args)
@@ -91,7 +92,9 @@ class Collocation(AbstractSystem):
         blocks = jnp.einsum("ij,jrc->irjc", self.a, jacobians)
         size = z.shape[0]
         h = jnp.asarray(self.h, z.dtype)
-        return jnp.eye(size, dtype=z.dtype) - h * blocks.reshape(size, size)
+        mass = jnp.eye(size // 3, dtype=z.dtype) if self.field.mass is None else self.field.mass
+        identity = jnp.kron(jnp.eye(3, dtype=z.dtype), jnp.asarray(mass, z.dtype))
+        return identity - h * blocks.reshape(size, size)
 
     def num_components(self) -> int:
         return 3 * self.field.coordinates.num_components
@@ -119,7 +122,7 @@ class Estimate(eqx.Module):
     num_fn_evals: IntScalar
 
 
-class Radau5(AbstractProposer):
+class Radau5(AbstractMassMatrix, AbstractProposer):
     """Radau IIA of order 5: three implicit stages (a collocation method), L-stable and
     stiffly accurate, with an embedded third-order error estimate and the cubic collocation
     polynomial as dense output. The method of Hairer and Wanner's RADAU5 and of scipy's
@@ -179,6 +182,7 @@ class Radau5(AbstractProposer):
     jac: Callable | None = None
     rtol: float | None = None
     atol: float | None = None
+    mass: FlatMass | None = None
 
     tableau: ClassVar[CollocationTableau] = RADAU_IIA_5
     name: ClassVar[str] = "radau"
@@ -221,7 +225,7 @@ class Radau5(AbstractProposer):
         complex one count one each) and evaluations of `f` done.
         """
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
-        field, y0_flat = FlatField.make(f, t0, y0, args)
+        field, y0_flat = self.field_of(f, t0, y0, args)
         solved = self._stages(field, t0, t1, y0_flat, args, state)
         tableau, dtype, h, z = self.tableau, y0_flat.dtype, t1 - t0, solved.increments
         y1 = field.unravel(y0_flat + z[-1])
@@ -231,7 +235,9 @@ class Radau5(AbstractProposer):
         failed = ~info.converged
         on_accept, on_reject = self.newton.next_caches(solved.prepared.cache, failed, info.rate)
         # f(t1, y1) from the stages (the collocation equations), as ESDIRK steppers take theirs.
-        f1 = field.unravel(per_step(jnp.asarray(tableau.derivative, dtype) @ z, h))
+        f1 = field.unravel(
+            per_step(field.mass_times(jnp.asarray(tableau.derivative, dtype) @ z), h)
+        )
         accepted = RadauState(
             implicit=ImplicitState(f1, on_accept, info.eta),
             collocation=jnp.asarray(tableau.dense, dtype) @ z, h=h,
@@ -287,7 +293,7 @@ class Radau5(AbstractProposer):
         prepared = solved.prepared
         solve = prepared.solve if prepared.factors is None else no_grad(prepared.factors).solve
         field, dtype = system.field, z.dtype
-        combination = tableau.gamma * (jnp.asarray(tableau.error, dtype) @ z)
+        combination = tableau.gamma * field.mass_times(jnp.asarray(tableau.error, dtype) @ z)
         hg = jax.lax.stop_gradient(jnp.asarray(system.h * tableau.gamma, dtype))
         first = solve(hg * field.ravel(state.implicit.f) + combination)
         y0, y1 = no_grad((y0, y1))

@@ -12,8 +12,9 @@ import numpy as np
 from jaxtyping import Array
 
 from .._types import Args, Scalar, VectorField, Y
-from ._base import AbstractStepper, Step
+from ._base import Step
 from ._explicit_rk import combine, stage_time
+from ._mass import AbstractMassMatrix, FlatMass
 from ._newton import FlatField, Jacobian, lu_solver, no_grad
 from ._tableau import frozen
 
@@ -89,12 +90,13 @@ class RosenbrockTableau:
         set_("dense_powers", powers)
 
 
-class AbstractRosenbrock(AbstractStepper):
+class AbstractRosenbrock(AbstractMassMatrix):
     """A Rosenbrock method given by its `RosenbrockTableau`: no Newton iteration, one
     Jacobian, one `df/dt` (a Jacobian-vector product) and one LU factorisation of
-    `I - h gamma J` per step, and one linear solve per stage, plus one evaluation of `f` and
-    one solve for the error estimate (see `_midpoint_defect`); the solves of the main stages
-    (`RosenbrockTableau.num_main_stages`) are refined once with a Jacobian-vector product of
+    `I - h gamma J` (`M - h gamma J` with a mass matrix) per step, and one linear solve per
+    stage, plus one evaluation of `f` and one solve for the error estimate (see
+    `_midpoint_defect`); the solves of the main stages (`RosenbrockTableau.num_main_stages`)
+    are refined once with a Jacobian-vector product of
     `f`, so that the step keeps the linear conservation laws that `f` keeps (see
     `_stage_solvers`). The Jacobian must be exact at `(t0, y0)` for the method's order, so it
     is evaluated at every step, and gradients differentiate through it (second derivatives of
@@ -123,15 +125,15 @@ class AbstractRosenbrock(AbstractStepper):
         tableau = self.tableau
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
         h = t1 - t0
-        field, y0_flat = FlatField.make(f, t0, y0, args)
+        field, y0_flat = self.field_of(f, t0, y0, args)
         jacobian = Jacobian(self.jac)(field, t0, y0_flat, args)
         f_t = jax.jvp(lambda t: field(t, y0_flat, args), (t0,), (jnp.ones_like(t0),))[1]
         hg = jnp.asarray(h * tableau.gamma, y0_flat.dtype)
         solve, refined_solve = _stage_solvers(
             field, t0, y0_flat, args, jacobian, hg, user_jac=self.jac is not None
         )
-        # Both sides times h gamma: (I - h gamma J) u_i = h gamma (f_i + d_i h f_t) + gamma
-        # sum_j C_ij u_j, which has no 1/h (a zero-length step stays finite).
+        # Both sides times h gamma: (M - h gamma J) u_i = h gamma (f_i + d_i h f_t) + gamma
+        # M sum_j C_ij u_j, which has no 1/h (a zero-length step stays finite).
         us = []
         for i in range(tableau.num_stages):
             if i == 0:
@@ -143,7 +145,7 @@ class AbstractRosenbrock(AbstractStepper):
             if tableau.d[i] != 0:
                 rhs = rhs + hg * jnp.asarray(tableau.d[i] * h, y0_flat.dtype) * f_t
             if i > 0:
-                rhs = combine(rhs, tableau.gamma, tableau.C[i, :i], us)
+                rhs = rhs + field.mass_times(combine(None, tableau.gamma, tableau.C[i, :i], us))
             us.append(refined_solve(rhs) if i < tableau.num_main_stages else solve(rhs))
         y1_flat = combine(y0_flat, 1.0, tableau.m, us)
         powers = [combine(None, 1.0, w, us) for w in tableau.dense_powers]
@@ -182,7 +184,7 @@ def _midpoint_defect(
     p = combine(y0, 1.0, 0.5 ** np.arange(1, 5), powers)
     slope = combine(None, 1.0, np.arange(1, 5) * 0.5 ** np.arange(4), powers)
     f_half = field(stage_time(t0, t1, h, 0.5), p, args)
-    return jnp.asarray(h, y0.dtype) * f_half - slope
+    return jnp.asarray(h, y0.dtype) * f_half - field.mass_times(slope)
 
 
 def _stage_solvers(
@@ -205,14 +207,13 @@ def _stage_solvers(
     elimination", *Math. Comp.* 35 (1980), 817-832; N. J. Higham, *Accuracy and Stability of
     Numerical Algorithms*, 2nd ed. (2002), Ch. 12.
     """
-    identity = jnp.eye(y0.shape[0], dtype=y0.dtype)
-    solve = lu_solver(identity - hg * jacobian)
+    solve = lu_solver(field.shifted(jacobian, hg))
     if user_jac:
 
         def refined_differentiably(rhs: Array) -> Array:
             u = solve(rhs)
             product = jax.jvp(lambda y: field(t0, y, args), (y0,), (u,))[1]
-            return u + solve(rhs - u + hg * product)
+            return u + solve(rhs - field.mass_times(u) + hg * product)
 
         return solve, refined_differentiably
     lu_and_pivots, field, t0, y0, args, hg = no_grad((solve.factors, field, t0, y0, args, hg))
@@ -220,7 +221,8 @@ def _stage_solvers(
 
     def refined_solve(rhs: Array) -> Array:
         u = solve(rhs)
-        residual = jax.lax.stop_gradient(rhs - u) + hg * jvp(jax.lax.stop_gradient(u))
+        frozen_u = jax.lax.stop_gradient(u)
+        residual = jax.lax.stop_gradient(rhs - field.mass_times(u)) + hg * jvp(frozen_u)
         return u + jsl.lu_solve(lu_and_pivots, residual)
 
     return solve, refined_solve
@@ -375,6 +377,7 @@ class Rodas5(AbstractRosenbrock):
     """
 
     jac: Callable | None = None
+    mass: FlatMass | None = None
 
     tableau: ClassVar[RosenbrockTableau] = _RODAS5
     name: ClassVar[str] = "rodas5"

@@ -112,6 +112,17 @@ class ContinuousAdjoint(AbstractCustomRuleAdjoint):
                 "not keep). Fix: use adjoint='recursive' (the default), 'direct' or 'forward'."
             )
 
+    def check_mass_matrix(self, events):
+        del events
+        raise ValueError(
+            f"{type(self).__name__} integrates the adjoint equation backwards, and for a DAE "
+            "`M y' = f` that adjoint is itself a DAE whose algebraic part needs consistent "
+            "values at the end of the span and at every save time (Cao, Li, Petzold & Serban, "
+            "SIAM J. Sci. Comput. 24 (2003)), which odeckpt does not solve. Fix: use "
+            "adjoint='recursive' (the default) or 'direct' (the discrete adjoint, exact for the "
+            "steps taken), or odeckpt.ForwardSensitivity() (sensitivities under error control)."
+        )
+
     def prepare(self, loop):
         # The loop reads the save times from `loop.ts`: its `saveat` keeps only the flags.
         return dataclasses.replace(loop, saveat=_flags_only(loop.saveat)), self.setup(loop)

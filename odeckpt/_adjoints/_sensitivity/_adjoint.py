@@ -115,6 +115,15 @@ class ForwardSensitivity(AbstractCustomRuleAdjoint):
                     "for the solve's own tolerance."
                 )
 
+    def check_mass_matrix(self, events):
+        if events is not None and any(e.update is not None for e in events):
+            raise ValueError(
+                "ForwardSensitivity cannot carry the sensitivities of a DAE `M y' = f` across "
+                "an event's `update` jump (the jump's new algebraic values would need their "
+                "own consistent sensitivities). Fix: use adjoint='recursive' (the default) or "
+                "'direct', or 'forward', which differentiate the jump with the solve."
+            )
+
     def prepare(self, loop):
         if loop.saveat.steps or loop.saveat.dense:
             raise ValueError(

@@ -7,6 +7,7 @@ from ._base import (
     AbstractNewton as AbstractNewton,
     Iteration as Iteration,
     Prepared as Prepared,
+    implicit_solution as implicit_solution,
 )
 from ._chord import Newton as Newton
 from ._krylov import NewtonKrylov as NewtonKrylov

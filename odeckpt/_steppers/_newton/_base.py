@@ -246,6 +246,13 @@ class AbstractNewton(eqx.Module):
         )  # fmt: skip
 
 
+def implicit_solution(system: AbstractSystem, z: Array, newton: AbstractNewton) -> Array:
+    """`z`, a converged solution of `system` found without derivatives, with the derivative of
+    the exact solution (the implicit function theorem, solved by `newton.tangent` with the
+    exact matrix of `system`)."""
+    return _stage_value(system, z, None, newton=newton)
+
+
 @eqx.filter_custom_jvp
 def _stage_value(stage: AbstractSystem, z: Array, factors, *, newton: AbstractNewton) -> Array:
     """`z`, the converged solution of `stage`, with the derivative of the exact solution."""

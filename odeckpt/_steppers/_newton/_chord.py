@@ -118,7 +118,7 @@ class Newton(AbstractNewton):
         old = (cache.lu,) if hg_complex is None else (cache.lu, cache.lu_complex)
         factors = jax.lax.cond(
             refactor,
-            lambda: tuple(ShiftedLU.factor(matrix, jnp.asarray(s)) for s in shifts),
+            lambda: tuple(ShiftedLU.factor(matrix, jnp.asarray(s), field.mass) for s in shifts),
             lambda: old,
         )
         # Keep the step size the factors belong to: a step within rounding of it reuses them.

@@ -75,19 +75,20 @@ class NewtonKrylov(AbstractNewton):
         _, jvp = jax.linearize(lambda y: field(t0, y, args), y0)
         hg = jnp.asarray(hg, y0.dtype)
         operator = lx.FunctionLinearOperator(
-            lambda v: v - hg * jvp(v), jax.ShapeDtypeStruct(y0.shape, y0.dtype)
+            lambda v: field.mass_times(v) - hg * jvp(v), jax.ShapeDtypeStruct(y0.shape, y0.dtype)
         )
         solver = self._gmres(self.krylov_rtol)
         solve = lambda op, r: lx.linear_solve(op, r, solver, throw=False).value
         solve_complex = None
         if hg_complex is not None:
-            # (I - s J)(x + iy) as a real operator on (x, y): J is real.
+            # (M - s J)(x + iy) as a real operator on (x, y): M and J are real.
             s = jnp.asarray(hg_complex)
             sr, si = jnp.real(s).astype(y0.dtype), jnp.imag(s).astype(y0.dtype)
 
             def pair(v):
                 x, y = jvp(v[0]), jvp(v[1])
-                return jnp.stack([v[0] - sr * x + si * y, v[1] - sr * y - si * x])
+                mx, my = field.mass_times(v[0]), field.mass_times(v[1])
+                return jnp.stack([mx - sr * x + si * y, my - sr * y - si * x])
 
             pairs = lx.FunctionLinearOperator(pair, jax.ShapeDtypeStruct((2, *y0.shape), y0.dtype))
             solve_complex = lambda r: jax.lax.complex(

@@ -13,18 +13,18 @@ from ..._types import BoolScalar, Scalar
 
 
 class ShiftedLU(eqx.Module):
-    """The LU factors of `I - s J` for one shift `s`, real or complex (a complex `s` makes a
-    complex factorisation of the real Jacobian `J`)."""
+    """The LU factors of `I - s J` (or `M - s J`, with a mass matrix `M`) for one shift `s`,
+    real or complex (a complex `s` makes a complex factorisation of the real Jacobian `J`)."""
 
     lu: Array
     pivots: Array
 
     @classmethod
-    def factor(cls, jacobian: Array, shift: Scalar) -> "ShiftedLU":
+    def factor(cls, jacobian: Array, shift: Scalar, mass: Array | None = None) -> "ShiftedLU":
         complex_shift = jnp.iscomplexobj(shift)
         dtype = jnp.result_type(jacobian.dtype, jnp.complex64) if complex_shift else jacobian.dtype
-        identity = jnp.eye(jacobian.shape[0], dtype=dtype)
-        lu, pivots = jsl.lu_factor(identity - jnp.asarray(shift, dtype) * jacobian)
+        base = jnp.eye(jacobian.shape[0], dtype=dtype) if mass is None else mass.astype(dtype)
+        lu, pivots = jsl.lu_factor(base - jnp.asarray(shift, dtype) * jacobian)
         return cls(lu, pivots.astype(jnp.int32))
 
     @classmethod
@@ -32,7 +32,7 @@ class ShiftedLU(eqx.Module):
         return cls(jnp.zeros((n, n), dtype), jnp.zeros((n,), jnp.int32))
 
     def solve(self, rhs: Array) -> Array:
-        """`(I - s J)^{-1} rhs`."""
+        """`(I - s J)^{-1} rhs` (`(M - s J)^{-1} rhs`)."""
         return jsl.lu_solve((self.lu, self.pivots), rhs.astype(self.lu.dtype))
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
 
 from ..._real_coordinates import RealCoordinates
@@ -28,21 +29,39 @@ class FlatField(eqx.Module):
 
     fn: Callable
     coordinates: RealCoordinates
+    mass: Array | np.ndarray | None = None
+    """The constant mass matrix `M` of `M y' = f` over these coordinates (`None`: the ODE
+    `y' = f`): the stage equations and the matrices of Newton's iteration take it."""
 
     @classmethod
-    def make(cls, f: VectorField, t0: Scalar, y0: Y, args: Args) -> tuple["FlatField", Array]:
-        """The flat field of `f` and the flat `y0`. The non-array leaves of `args` are closed
-        over: closure conversion compares them with `==`, which a NaN never passes."""
+    def make(
+        cls, f: VectorField, t0: Scalar, y0: Y, args: Args, mass: Array | np.ndarray | None = None
+    ) -> tuple["FlatField", Array]:
+        """The flat field of `f` (with the mass matrix `mass`, if any) and the flat `y0`. The
+        non-array leaves of `args` are closed over: closure conversion compares them with
+        `==`, which a NaN never passes."""
         coordinates, y0_flat = RealCoordinates.make(y0)
         arrays, static = eqx.partition(args, eqx.is_array)
 
         def fn(t, z, arrays):
             return coordinates.ravel(f(t, coordinates.unravel(z), eqx.combine(arrays, static)))
 
-        return cls(eqx.filter_closure_convert(fn, t0, y0_flat, arrays), coordinates), y0_flat
+        converted = eqx.filter_closure_convert(fn, t0, y0_flat, arrays)
+        return cls(converted, coordinates, mass), y0_flat
 
     def __call__(self, t: Scalar, z: Array, args: Args) -> Array:
         return self.fn(t, z, eqx.filter(args, eqx.is_array))
+
+    def mass_times(self, v: Array) -> Array:
+        """`M v` over the last axis of `v` (`v` itself without a mass matrix)."""
+        return v if self.mass is None else v @ jnp.asarray(self.mass, v.dtype).T
+
+    def shifted(self, jacobian: Array, shift) -> Array:
+        """`M - shift J` (`I - shift J` without a mass matrix), in the dtype of `shift J`."""
+        product = jnp.asarray(shift) * jacobian
+        if self.mass is None:
+            return jnp.eye(jacobian.shape[0], dtype=product.dtype) - product
+        return jnp.asarray(self.mass, product.dtype) - product
 
     def ravel(self, tree: Y) -> Array:
         """`tree`, structured like the state, in the field's coordinates."""
@@ -118,7 +137,8 @@ class AbstractSystem(eqx.Module):
 
 
 class Stage(AbstractSystem):
-    """One implicit stage: find `z` with `z = base + hg * field(t, z, args)`."""
+    """One implicit stage: find `z` with `z = base + hg * field(t, z, args)` (with a mass
+    matrix, `M (z - base) = hg * field(t, z, args)`)."""
 
     field: FlatField
     t: Scalar
@@ -127,12 +147,12 @@ class Stage(AbstractSystem):
     args: Args
 
     def residual(self, z: Array) -> Array:
-        return z - self.base - jnp.asarray(self.hg, z.dtype) * self.field(self.t, z, self.args)
+        hg = jnp.asarray(self.hg, z.dtype)
+        return self.field.mass_times(z - self.base) - hg * self.field(self.t, z, self.args)
 
     def matrix(self, z: Array) -> Array:
         hg = jnp.asarray(self.hg, z.dtype)
-        identity = jnp.eye(z.shape[0], dtype=z.dtype)
-        return identity - hg * exact_jacobian(self.field, self.t, z, self.args)
+        return self.field.shifted(exact_jacobian(self.field, self.t, z, self.args), hg)
 
     def num_components(self) -> int:
         return self.field.coordinates.num_components
