@@ -358,7 +358,7 @@ def finish(
     status = setup.loop.final_status(state)
     if invalid_inputs is not None:
         status = _unless_invalid(invalid_inputs, status)
-    rate = (lambda t, y: f(t, y, args)) if options.ts_traced else None
+    rate = (lambda t, y: options.stepper.slope(f, t, y, args)) if options.ts_traced else None
     collected = _collect(
         options.saveat, setup.direction, t0, y0, ts, setup.save_times, rate, state, outputs
     )

@@ -155,7 +155,7 @@ def span_derivative(loop: IntegrationLoop, init: LoopState, final: LoopState) ->
     differentiate the discrete solve."""
     span = loop.t_end - init.t
     span = span - jax.lax.stop_gradient(span)
-    f0 = loop.stepper.derivative(init.stepper_state)
+    f0 = loop.stepper.slope(loop.f, init.t, init.y, loop.args, init.stepper_state)
     none = final.num_steps == 0
 
     def leaf(y, f):

@@ -344,7 +344,7 @@ class IntegrationLoop(eqx.Module):
         t0, y0, n = init.t, init.y, self.max_steps
         ts = steps = dense = None
         if self.ts is not None:
-            f0 = self.stepper.derivative(init.stepper_state)
+            f0 = self.stepper.slope(self.f, t0, y0, self.args, init.stepper_state)
             at_t0 = self.ts <= t0
             rows = _start_rows(self.ts, t0, y0, f0)
             ts = jax.tree.map(lambda r: jnp.where(leading_mask(at_t0, r), r, jnp.inf), rows)

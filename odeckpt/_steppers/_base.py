@@ -167,6 +167,11 @@ class AbstractStepper(eqx.Module):
                 "`differentiable_state` and `with_differentiable_state` for its state."
             )
 
+    @property
+    def has_mass_matrix(self) -> bool:
+        """Whether this stepper solves `M y' = f` with a mass matrix (set by `odeckpt.solve`)."""
+        return False
+
     def consistent(
         self, f: VectorField, t: Scalar, y: Y, args: Args
     ) -> tuple[Y, "Consistency | None"]:

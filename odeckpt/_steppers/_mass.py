@@ -177,6 +177,10 @@ class AbstractMassMatrix(AbstractStepper):
 
     mass: eqx.AbstractVar[FlatMass | None]
 
+    @property
+    def has_mass_matrix(self) -> bool:
+        return self.mass is not None
+
     def field_of(self, f: Callable, t0: Scalar, y0: Y, args: Args) -> tuple[FlatField, Array]:
         """The flat field of `f` with this stepper's mass matrix, and the flat `y0`."""
         return FlatField.make(f, t0, y0, args, None if self.mass is None else self.mass.matrix)

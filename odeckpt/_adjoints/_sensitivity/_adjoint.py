@@ -180,8 +180,8 @@ def _output_times(inputs: RuleInputs, saved) -> OutputTimes:
     """The final time and the save times, and how the outputs move with them."""
     loop = inputs.full_loop
     final, outputs = saved
-    f_end = loop.stepper.derivative(final.stepper_state)
-    field = lambda t, y: loop.f(t, y, loop.args)
+    f_end = loop.stepper.slope(loop.f, final.t, final.y, loop.args, final.stepper_state)
+    field = lambda t, y: loop.stepper.slope(loop.f, t, y, loop.args)
     written = None if loop.ts is None else _written(inputs, outputs)
     return OutputTimes(f_end, terminated(loop, final), field, loop.ts, outputs.ts, written)
 

@@ -35,17 +35,17 @@ class CrossingTangents(eqx.Module):
 
 
 def crossing_tangents(
-    g: Callable, f: VectorField, tau: Scalar, y: Y, args: SensitivityArgs, s: Y
+    g: Callable, f: VectorField, tau: Scalar, y: Y, args: SensitivityArgs, s: Y, rate: Y = None
 ) -> CrossingTangents:
     """The tangents at a crossing of `g(tau, y, args) = 0` (internal time) of the solution of
     `y' = f(tau, y, args)`, whose sensitivities at the fixed time `tau` are `s`, along
-    `args.directions`."""
+    `args.directions`; `rate` is the solution's slope there (`None`: `f`, that of an ODE)."""
     diff, static = differentiable_part(f, args.args)
 
     def event(tau, y, diff):
         return g(tau, y, eqx.combine(diff, static)[1])
 
-    rate = f(tau, y, args.args)
+    rate = f(tau, y, args.args) if rate is None else rate
     along = lambda s, d: crossing_tangent(event, tau, y, diff, rate, s, d)
     dtau, at_event = jax.vmap(along)(s, args.directions)
     return CrossingTangents(dtau, at_event)

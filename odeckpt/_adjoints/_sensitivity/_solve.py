@@ -2,6 +2,7 @@
 tangents of the solve's outputs it gives."""
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -100,12 +101,12 @@ def sensitivities(inputs: RuleInputs, directions: Integrated) -> Sensitivities:
     theta = integrated(inputs)
     span = loop.t_end - init.t
     scales = jax.vmap(lambda d: _scale(theta, span, d))(directions)
-    f0 = loop.stepper.derivative(init.stepper_state)
+    f0 = loop.stepper.slope(loop.f, init.t, init.y, loop.args, init.stepper_state)
+    consistent = _consistent_tangent(loop, init.t, init.y)
 
     def start(d, scale):
-        s0 = jax.tree.map(
-            lambda dy, f: ((dy - f * d.t0.astype(f.dtype)) / scale).astype(f.dtype), d.y0, f0
-        )
+        s0 = jax.tree.map(lambda dy, f: dy - f * d.t0.astype(f.dtype), d.y0, f0)
+        s0 = jax.tree.map(lambda s: (s / scale).astype(s.dtype), consistent(s0, d.diff))
         jumps = None if d.jump_ts is None else d.jump_ts / scale
         return s0, jax.tree.map(lambda x: x / scale.astype(x.dtype), d.diff), jumps
 
@@ -149,6 +150,24 @@ def sensitivity_loop(
     )
 
 
+def _consistent_tangent(loop: IntegrationLoop, t0, y0) -> Callable:
+    """`(s, dp) -> s'`: the initial sensitivity `s` (along the parameters' tangent `dp`) made
+    consistent with the differentiated algebraic equations of a DAE, `Q^T (J s' + f_p dp) = 0`,
+    by moving its algebraic part (the tangent of the stepper's consistent initial values, whose
+    map fixes consistent ones); for an ODE, `s` itself. Directions of the initial state alone
+    (a reverse sweep's unit vectors) need not be consistent: the derivative of the consistent
+    values in the user's `y0` projects them so, and this is that projection."""
+    if not loop.stepper.has_mass_matrix:
+        return lambda s, dp: s
+    diff, static = differentiable_part(loop.f, loop.args)
+
+    def made(y, diff):
+        f, args = eqx.combine(diff, static)
+        return loop.stepper.consistent(f, t0, y, args)[0]
+
+    return lambda s, dp: jax.jvp(made, (y0, diff), (s, dp))[1]
+
+
 def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
     """The (scaled) sensitivities at the end of the solve and the tangents of its final time:
     where a terminal event ended it, those of the crossing, which moves with the parameters."""
@@ -158,7 +177,8 @@ def _at_terminal_event(loop: IntegrationLoop, final: LoopState, directions: Y):
     index = jnp.maximum(final.events.event, 0)
     g = lambda tau, y, args: events.values(tau, y, args)[index]
     args = SensitivityArgs(loop.args, directions)
-    at = crossing_tangents(g, loop.f, final.t, final.y.y, args, final.y.s)
+    rate = loop.stepper.slope(loop.f, final.t, final.y.y, loop.args)
+    at = crossing_tangents(g, loop.f, final.t, final.y.y, args, final.y.s, rate)
     pick = lambda a, b: jnp.where(fired, a, b)
     return jax.tree.map(pick, at.y, final.y.s), pick(at.tau, jnp.zeros_like(at.tau))
 
