@@ -188,6 +188,8 @@ def prepare(
     habits.check_list_state(y0)
     throw, progress = validate.flag("throw", throw), validate.flag("progress", progress)
     stepper = _stepper(solver)
+    if mass_matrix is not None:
+        _check_mass_matrix_stepper(stepper)
     adjoint = _adjoint(adjoint)
     y0 = validate.as_state(y0)
     checks = validate.TracedChecks(throw)
@@ -539,14 +541,18 @@ def _with_mass_matrix(stepper, mass_matrix, y0, controller, rtol, atol) -> Abstr
         return stepper
     if not isinstance(mass_matrix, MassMatrix):
         mass_matrix = MassMatrix(mass_matrix)
+    assert isinstance(stepper, AbstractMassMatrix)  # `_check_mass_matrix_stepper`
+    rtol, atol = _step_tolerances(controller, rtol, atol)
+    return dataclasses.replace(stepper, mass=mass_matrix.resolve(y0, rtol, atol))
+
+
+def _check_mass_matrix_stepper(stepper: AbstractStepper) -> None:
     if not isinstance(stepper, AbstractMassMatrix):
         raise ValueError(
             f"solver={type(stepper).__name__}() cannot solve with a mass matrix "
             "(`M y' = f`, a DAE when M is singular). Fix: use a stepper for index-1 DAEs: "
             "`odeckpt.Radau5()`, `odeckpt.BDF()` or `odeckpt.Rodas5()`."
         )
-    rtol, atol = _step_tolerances(controller, rtol, atol)
-    return dataclasses.replace(stepper, mass=mass_matrix.resolve(y0, rtol, atol))
 
 
 def _saveat(saveat) -> SaveAt:

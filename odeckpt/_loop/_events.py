@@ -410,6 +410,8 @@ def _root_jvp(primals, tangents):
     # tangent below, a function of `theta`, has the right derivatives too (second derivatives).
     theta = _root(g, theta, found)
     _, moved = eqx.filter_jvp(lambda g: g(theta), (g,), (d_g,))
+    # None: nothing the event's value depends on moves (e.g. `fn = t - t_event`, fixed times).
+    moved = jnp.zeros_like(theta) if moved is None else moved
     slope = jax.jvp(g, (theta,), (jnp.ones_like(theta),))[1]
     slope = jnp.where(found, slope, 1)
     return theta, jnp.where(found, -moved / slope, 0).astype(theta.dtype)
