@@ -40,6 +40,7 @@ def ensemble(
     max_steps: int = 4096,
     throw: bool = True,
     event: Event | tuple[Event, ...] | None = None,
+    mass_matrix=None,
     backend: str = "auto",
     lanes_per_block: int | None = None,
 ) -> Solution:
@@ -63,7 +64,8 @@ def ensemble(
     **Arguments:**
 
     - `f`, `t_span`, `solver`, `rtol`, `atol`, `dt0`, `controller`, `saveat`, `max_steps`,
-        `event`: as for `odeckpt.solve`, shared by every trajectory.
+        `event`, `mass_matrix`: as for `odeckpt.solve`, shared by every trajectory (a DAE's
+        implicit steppers run on the `vmap` path).
     - `y0`: the initial states, each leaf with a leading axis of trajectories.
     - `args`: the parameters; `args_axes` says, as `jax.vmap`'s `in_axes` for it, which leaves
         hold one row per trajectory along an axis (`0`, the default: every leaf) and which are
@@ -117,7 +119,7 @@ def ensemble(
     axes = _args_axes(args_axes, args, count)
     keywords = dict(
         solver=solver, rtol=rtol, atol=atol, dt0=dt0, controller=controller, saveat=saveat,
-        max_steps=max_steps, event=event,
+        max_steps=max_steps, event=event, mass_matrix=mass_matrix,
     )  # fmt: skip
     call = None
     if backend == "fused" or (backend == "auto" and jax.default_backend() == "gpu"):

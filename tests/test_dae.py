@@ -277,3 +277,27 @@ def test_newton_krylov_and_dense_output():
                         rtol=1e-8, atol=1e-10, saveat=odeckpt.SaveAt(dense=True))  # fmt: skip
     ts = jnp.linspace(0.0, T, 7)
     np.testing.assert_allclose(jax.vmap(sol.evaluate)(ts), exact(2.0, 0.7, ts), rtol=1e-5)
+
+
+@pytest.mark.parametrize("solver", slow_unless(list(STEPPERS), fast={"radau5"}))
+def test_vmap_gradients_of_lanes_that_finish_at_different_steps(solver):
+    """A lane that has finished steps on masked with zero-length steps, whose equations
+    `M Z = 0` are singular with `M`: its gradient must stay exact (d x1(1)/dk = e^k)."""
+
+    def x1(k):
+        return odeckpt.solve(
+            lambda t, y, k: jnp.stack([-k * y[1], y[0] + y[1] - 1.0]), jnp.array([2.0, -1.0]),
+            (0.0, 1.0), k, solver=STEPPERS[solver], mass_matrix=M, rtol=1e-9, atol=1e-11,
+        ).ys[-1, 0]  # fmt: skip
+
+    ks = jnp.array([0.5, 0.7, 3.0])
+    np.testing.assert_allclose(jax.vmap(jax.grad(x1))(ks), np.exp(ks), rtol=1e-6)
+
+
+def test_ensemble():
+    a = jnp.array([[2.0, 0.0], [1.0, 0.0]])
+    k = jnp.array([0.7, 1.3])
+    sol = odeckpt.ensemble(decay, a, (0.0, T), k, solver=odeckpt.Rodas5(), mass_matrix=M,
+                           rtol=1e-8, atol=1e-10)  # fmt: skip
+    np.testing.assert_allclose(sol.ys[:, -1], jax.vmap(exact, (0, 0, None))(a[:, 0], k, T),
+                               rtol=1e-6)  # fmt: skip

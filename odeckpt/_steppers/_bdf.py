@@ -267,6 +267,7 @@ class BDF(AbstractMassMatrix, AbstractProposer):
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
         h = t1 - t0
         field, y0_flat = self.field_of(f, t0, y0, args)
+        field = field.for_step(h)
         dtype, k = y0_flat.dtype, state.order
         history = _rescale(state.differences, k, (h / state.h).astype(dtype))
         rows = jnp.arange(MAX_ORDER + 3)

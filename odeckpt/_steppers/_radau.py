@@ -226,6 +226,7 @@ class Radau5(AbstractMassMatrix, AbstractProposer):
         """
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
         field, y0_flat = self.field_of(f, t0, y0, args)
+        field = field.for_step(t1 - t0)
         solved = self._stages(field, t0, t1, y0_flat, args, state)
         tableau, dtype, h, z = self.tableau, y0_flat.dtype, t1 - t0, solved.increments
         y1 = field.unravel(y0_flat + z[-1])

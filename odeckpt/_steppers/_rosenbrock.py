@@ -126,6 +126,7 @@ class AbstractRosenbrock(AbstractMassMatrix):
         t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
         h = t1 - t0
         field, y0_flat = self.field_of(f, t0, y0, args)
+        field = field.for_step(h)
         jacobian = Jacobian(self.jac)(field, t0, y0_flat, args)
         f_t = jax.jvp(lambda t: field(t, y0_flat, args), (t0,), (jnp.ones_like(t0),))[1]
         hg = jnp.asarray(h * tableau.gamma, y0_flat.dtype)

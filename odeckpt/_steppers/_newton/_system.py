@@ -4,6 +4,7 @@ imaginary parts: see `odeckpt._real_coordinates`), with its Jacobian (`jax.jacfw
 user's `jac`)."""
 
 import abc
+import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
@@ -51,6 +52,16 @@ class FlatField(eqx.Module):
 
     def __call__(self, t: Scalar, z: Array, args: Args) -> Array:
         return self.fn(t, z, eqx.filter(args, eqx.is_array))
+
+    def for_step(self, h: Scalar) -> "FlatField":
+        """This field for a step of length `h`: a zero-length step (a finished lane's, stepping
+        on masked under `vmap`) takes `I` for a singular `M`, so that its equations `Z = 0`
+        keep one finite solution and finite derivatives, as an ODE's zero-length step does."""
+        if self.mass is None:
+            return self
+        mass = jnp.asarray(self.mass)
+        identity = jnp.eye(mass.shape[0], dtype=mass.dtype)
+        return dataclasses.replace(self, mass=jnp.where(h == 0, identity, mass))
 
     def mass_times(self, v: Array) -> Array:
         """`M v` over the last axis of `v` (`v` itself without a mass matrix)."""
