@@ -35,7 +35,8 @@ class MassMatrix(eqx.Module):
         `{"x": 1.0, "z": 0.0}` for a differential `x` and an algebraic `z`.
     - `initial`: `"solve"` (the default) finds the algebraic part of `y0` by Newton's method on
         the algebraic equations at `t0`, starting from the given values (and again after each
-        event's `update` jump), leaving the differential part as given; `"check"` leaves `y0`
+        event's `update` jump and at each time of `jump_ts`), leaving the differential part as
+        given; `"check"` leaves `y0`
         as given and fails (`Status.inconsistent_initial_values`) where it violates the
         algebraic equations beyond the tolerances. Either way the derivatives of the solution
         in `y0` and the parameters are those of consistent initial values.

@@ -132,7 +132,8 @@ class Status(eqx.Module):
     )
 
     inconsistent_initial_values = _Outcome(
-        "The initial values (or the state after an event's jump) do not satisfy the algebraic "
+        "The initial values (or the state after an event's jump or at a time of `jump_ts`) do "
+        "not satisfy the algebraic "
         "equations of the DAE `M y' = f` to the tolerances, and Newton's method on the "
         "algebraic variables did not find values that do (or, with "
         "`MassMatrix(initial='check')`, the given ones violate them).",

@@ -151,8 +151,8 @@ def while_loop(
 def span_derivative(loop: IntegrationLoop, init: LoopState, final: LoopState) -> LoopState:
     """`final`, given the derivatives in `t0` and `t_end` of the exact solution when the loop
     took no step (`t0 = t_end`): the discrete solution `y0` depends on neither, the exact one
-    `y0 + (t_end - t0) f(t0, y0)` on both. The term added is zero. For the adjoints that
-    differentiate the discrete solve."""
+    `y0 + (t_end - t0) y'(t0)` on both (`y' = f` for an ODE; `AbstractStepper.slope`). The
+    term added is zero. For the adjoints that differentiate the discrete solve."""
     span = loop.t_end - init.t
     span = span - jax.lax.stop_gradient(span)
     f0 = loop.stepper.slope(loop.f, init.t, init.y, loop.args, init.stepper_state)
