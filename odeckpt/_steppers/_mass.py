@@ -65,6 +65,12 @@ class FlatMass(eqx.Module):
     def num_algebraic(self) -> int:
         return self.algebraic.shape[1]
 
+    def without_constraints(self, v: Array) -> Array:
+        """`v`, a vector of equations' values, with the algebraic equations' part removed:
+        `(I - Q Q^T) v`."""
+        q = jnp.asarray(self.constraints, v.dtype)
+        return v - q @ (q.T @ v)
+
 
 class Consistency(eqx.Module):
     """Initial values made consistent with the constraints, and what went wrong doing so.
