@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _validate as validate
 from ._adjoints import GradientStats
+from ._errors import on_host
 from ._fused import KernelSettings, Start, Trajectory, Unsupported, run_ensemble
 from ._loop import DistinctSaveTimes, Event, Outputs
 from ._on_failure import raise_if_failed
@@ -115,6 +116,7 @@ def ensemble(
     if t_span is None:
         raise TypeError("ensemble() needs the time span. Fix: `ensemble(f, y0, (t0, t1), args)`.")
     y0 = validate.as_state(y0)
+    validate.check_throw_placement(validate.flag("throw", throw), on_host(), "ensemble")
     count = _trajectories(y0)
     axes = _args_axes(args_axes, args, count)
     keywords = dict(

@@ -111,7 +111,9 @@ class _Compiled:
             return self._fun(*args, **kwargs)
         dynamic, static = self._split(args, kwargs)
         error, out_dynamic, out_static = self._jitted(dynamic, static)
-        message = error.get()
+        # On the host: the failure bits of a sharded program may be sharded arrays (over a
+        # mesh's `Explicit` axes, which checkify cannot index).
+        message = jax.tree.map(np.asarray, error).get()
         if message is not None:
             raise eqx.EquinoxRuntimeError(_without_location(message))
         return eqx.combine(out_dynamic, out_static.tree)

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint, GradientStats
+from ._autodiff import varying
 from ._checks import count, tightest
 from ._error_norm import below_resolution
 from ._errors import on_host
@@ -187,6 +188,7 @@ def prepare(
     habits.check_signature(f)
     habits.check_list_state(y0)
     throw, progress = validate.flag("throw", throw), validate.flag("progress", progress)
+    validate.check_throw_placement(throw, on_host())
     stepper = _stepper(solver)
     if mass_matrix is not None:
         _check_mass_matrix_stepper(stepper)
@@ -286,6 +288,8 @@ def _failure_notes(y0: Y) -> tuple[tuple[str, str], ...]:
 
 @eqx.filter_jit
 def _solve(problem: Problem, options: Options, invalid_inputs: jax.Array | None) -> Solved:
+    # Inside `jax.shard_map`, every input varies over the manual axes (see `_autodiff.varying`).
+    problem, options = varying((problem, options))
     _check_functions(problem.f, options.events, problem.t0, problem.y0, problem.args)
     setup = Setup.make(problem, options)
     init, init_evals = setup.loop.init_state(setup.tau0, problem.y0, setup.dt)

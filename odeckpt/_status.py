@@ -249,8 +249,9 @@ class Status(eqx.Module):
 
     def _names(self):
         """The name of each outcome (a str, or a NumPy array of them), or `None` if traced."""
-        if self.is_traced():
-            return None
+        concrete = isinstance(self._value, np.ndarray | np.generic | jax.Array)
+        if self.is_traced() or not concrete:
+            return None  # (an abstract value, e.g. a shape and dtype, prints as traced too)
         names = np.array(_outcomes(type(self)), dtype=object)
         value = names[np.asarray(self._value)]
         return str(value) if np.ndim(value) == 0 else value

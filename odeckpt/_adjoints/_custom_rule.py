@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._autodiff import Sweeps, differentiable
+from .._autodiff import Sweeps, closure_convert, differentiable
 from .._errors import error_if
 from .._loop import IntegrationLoop, LoopState, Outputs
 from .._status import Status
@@ -86,7 +86,7 @@ class AbstractCustomRuleAdjoint(AbstractAdjoint):
 
     def run(self, loop, state, outputs):
         loop, settings = self.prepare(loop)
-        f = eqx.filter_closure_convert(loop.f, state.t, state.y, loop.args)
+        f = closure_convert(loop.f, state.t, state.y, loop.args)
         events = loop.events
         if events is not None:
             events = events.closure_converted(type(self).__name__, state.t, state.y, loop.args)

@@ -10,3 +10,13 @@ from ._linear import (
     forward_only as forward_only,
     linear_call as linear_call,
 )
+from ._varying import (
+    ClosureConverted as ClosureConverted,
+    closure_convert as closure_convert,
+    cond as cond,
+    manual_axes as manual_axes,
+    scan as scan,
+    switch as switch,
+    varying as varying,
+    while_loop as while_loop,
+)

@@ -13,6 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _tree
 from ._linear import NoForwardMode, linear_call
+from ._varying import closure_convert, varying_like
 
 
 class Sweeps(NamedTuple):
@@ -159,7 +160,7 @@ def differentiable(
         # The tangents of the inexact outputs have the outputs' shapes and dtypes.
         out_avals = jtu.tree_leaves(_inexact_part(out_struct))
         out_t = linear_call(tangent, transpose, res_leaves, lin_leaves, out_avals)
-        return out, _completed(jtu.tree_unflatten(out_def, out_t), out_struct)
+        return out, varying_like(_completed(jtu.tree_unflatten(out_def, out_t), out_struct), out)
 
     call.defjvp(jvp, symbolic_zeros=True)
     return call(inputs)
@@ -195,7 +196,7 @@ def _forward_only_derivative(fun: Callable[[list, list], list], error: Exception
 
 def convert(fn, *example_args):
     """Closure-convert `fn`: `(arrays, static)` so the arrays can cross the custom JVP."""
-    converted = eqx.filter_closure_convert(fn, *example_args)
+    converted = closure_convert(fn, *example_args)
     return eqx.partition(converted, eqx.is_array)
 
 

@@ -20,6 +20,9 @@ import jax.tree_util as jtu
 from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.sharding import PartitionSpec as P
+
+from ._varying import varying_as
 
 linear_p = Primitive("odeckpt_checkpointed_linear")
 linear_p.multiple_results = True
@@ -104,8 +107,14 @@ def _impl(*args, fun, fun_t, n_res, out_avals, lin_avals):
 
 
 def _abstract_eval(*args, fun, fun_t, n_res, out_avals, lin_avals):
-    del args, fun, fun_t, n_res, lin_avals
-    return list(out_avals)
+    del fun, fun_t, n_res, lin_avals
+    # Inside `jax.shard_map` the outputs vary over the mesh axes the inputs vary over.
+    manual = [a.manual_axis_type for a in args if hasattr(a, "manual_axis_type")]
+    widest = max(manual, key=lambda m: len(m.varying), default=None)
+    if widest is None or not widest.varying:
+        return list(out_avals)
+    replicated = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), P())
+    return [a.update(sharding=replicated).update_manual_axis_type(widest) for a in out_avals]
 
 
 def _transpose(cts, *args, fun, fun_t, n_res, out_avals, lin_avals):
@@ -117,7 +126,14 @@ def _transpose(cts, *args, fun, fun_t, n_res, out_avals, lin_avals):
         jnp.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct
         for ct, a in zip(cts, out_avals, strict=True)
     ]
-    return [None] * n_res + list(fun_t(list(residuals), cts))
+    linear = args[n_res:]
+    cts = fun_t(list(residuals), cts)
+    # Inside `jax.shard_map` each cotangent varies over the mesh axes its input varies over.
+    cts = [
+        varying_as(ct, x.aval) if ad.is_undefined_primal(x) and ct is not None else ct
+        for ct, x in zip(cts, linear, strict=True)
+    ]
+    return [None] * n_res + cts
 
 
 def _jvp(primals, tangents, *, fun, fun_t, n_res, out_avals, lin_avals):

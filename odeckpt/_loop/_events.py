@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from .._autodiff import closure_convert
 from .._types import Args, BoolScalar, IntScalar, Scalar, Y
 from ..checkpointing import lockstep_while_loop
 from ._dense import polynomial
@@ -198,10 +199,10 @@ class EventSet(eqx.Module):
         `args`."""
         events = []
         for event in self.events:
-            fn = eqx.filter_closure_convert(event.fn, t0, y0, args)
+            fn = closure_convert(event.fn, t0, y0, args)
             update = event.update
             if update is not None:
-                update = eqx.filter_closure_convert(update, t0, y0, args)
+                update = closure_convert(update, t0, y0, args)
             if any(eqx.is_inexact_array(x) for x in jax.tree.leaves((fn, update))):
                 raise ValueError(
                     f"{adjoint}: an Event's fn or update closes over arrays, whose derivatives "
@@ -389,7 +390,7 @@ def _implicit_root(
     theta = jax.lax.stop_gradient(theta)
     # Closure-converted, the arrays `g` closes over (the step, `args`, an event's own) are
     # inputs of `_root`, so that its derivative rule sees their tangents.
-    curve = eqx.filter_closure_convert(g, theta)
+    curve = closure_convert(g, theta)
     return _root(curve, theta, found), g(theta)
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._autodiff import cond
 from .._checks import all_finite, leading_mask, with_nonfinite
 from .._saveat import SaveAt
 from .._status import Status
@@ -202,7 +203,7 @@ class IntegrationLoop(eqx.Module):
             jumping = outcome.jumping
             restart = restart | jumping
         fresh = lambda new: self._restart(new, jumping, crossing, landed, jump)
-        return jax.lax.cond(restart, fresh, lambda new: new, new)
+        return cond(restart, fresh, lambda new: new, new)
 
     def _restart(
         self, new: LoopState, jumping: Array, crossing: Crossing | None, landed, jump

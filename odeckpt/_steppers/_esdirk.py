@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._autodiff import scan
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -158,7 +159,7 @@ class AbstractESDIRK(AbstractImplicit):
             rate=jnp.zeros_like(state.eta),
             num_fn_evals=jnp.zeros((), jnp.int32),
         )
-        stages, zs = jax.lax.scan(stage, init, jnp.arange(1, s))
+        stages, zs = scan(stage, init, jnp.arange(1, s))
         z = zs[-1]
         # The error estimate and the dense output's powers of theta as one matrix product
         # (fewer operations to trace and compile than a sum per weight).

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from .._autodiff import cond
 from .._types import Scalar, Y
 
 FENCE_MIN_SIZE = 1024
@@ -19,7 +20,7 @@ def _cond_identity(keep: jax.Array, x: jax.Array) -> jax.Array:
     # The two branches must differ or XLA merges them; the second rewrites an element with
     # itself, so both return `x` bit for bit whichever runs.
     flat = x.reshape(-1)
-    out = jax.lax.cond(keep, lambda v: v, lambda v: v.at[0].set(v[0]), flat)
+    out = cond(keep, lambda v: v, lambda v: v.at[0].set(v[0]), flat)
     return out.reshape(x.shape)
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._autodiff import cond
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -302,7 +303,7 @@ class Radau5(AbstractMassMatrix, AbstractProposer):
         first_norm = norm(first)
         again = state.retry & (first_norm > 1)
         f_moved = lambda: field(jax.lax.stop_gradient(t0), system.y0 + first, system.args)
-        refined = jax.lax.cond(again, lambda: solve(hg * f_moved() + combination), lambda: first)
+        refined = cond(again, lambda: solve(hg * f_moved() + combination), lambda: first)
         return Estimate(
             y_error=refined,
             norm=jnp.where(again, norm(refined), first_norm),

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._autodiff import Sweeps, _tree, convert, differentiable
+from .._autodiff import Sweeps, _tree, cond, convert, differentiable, scan, switch
 
 
 class _Operands(NamedTuple):
@@ -28,7 +28,7 @@ class _Operands(NamedTuple):
 
 def select(params: tuple, i):
     """`params[i]` for a traced `i`: a copy of one entry, never a stack of all of them."""
-    return lax.switch(i, [lambda p=p: p for p in params])
+    return switch(i, [lambda p=p: p for p in params])
 
 
 def store(entries: tuple, value, i) -> tuple:
@@ -36,7 +36,7 @@ def store(entries: tuple, value, i) -> tuple:
     entry: XLA updates each entry's buffer in place (a `lax.switch` over the whole tuple
     copies every entry)."""
     keep = lambda e: e
-    return tuple(lax.cond(i == j, lambda e: value, keep, e) for j, e in enumerate(entries))
+    return tuple(cond(i == j, lambda e: value, keep, e) for j, e in enumerate(entries))
 
 
 def _forward(step: Callable, operands: _Operands, save: bool):
@@ -50,7 +50,7 @@ def _forward(step: Callable, operands: _Operands, save: bool):
         new, y = step(consts, select(params, i), carry, x)
         return new, (y, carry if save else None)
 
-    out, (ys, inputs) = lax.scan(body, init, (jnp.arange(len(params)), xs))
+    out, (ys, inputs) = scan(body, init, (jnp.arange(len(params)), xs))
     return (out, ys), inputs
 
 
@@ -111,7 +111,7 @@ def indexed_scan(step: Callable, params: tuple, init, xs, policy: Callable | Non
             return step(select(params, i), carry, x)
 
         body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        return lax.scan(body, init, (jnp.arange(len(params)), xs))
+        return scan(body, init, (jnp.arange(len(params)), xs))
     # Values the step closes over (a layer holding a traced array in a closure) cross the
     # custom JVP as `consts`, an input shared by every step.
     init = _tree.strong(init)

@@ -17,15 +17,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from .._autodiff import _tree
+from .._autodiff import _tree, cond, while_loop
 from .._errors import error_if
 from ._vmap import any_lane
 from .schedules import BinomialTable, Ops, Schedule
 
 _INT = jnp.int32
-OPS = Ops(jnp, _INT, lax.cond)
+OPS = Ops(jnp, _INT, cond)
 """How the loops run a schedule's arithmetic."""
 
 RECORDED_STEPS = 2**20
@@ -245,7 +244,7 @@ def forward(loop: EngineLoop, inputs: LoopInputs, schedule: Schedule | None):
             carry = carry._replace(
                 snaps=_store(carry.snaps, hit, slot, loop.packed(params, carry.prev)),
                 positions=jnp.where(hit, carry.positions.at[slot].set(i - 1), carry.positions),
-                stores=lax.cond(hit, lambda s: advance(s, OPS), lambda s: s, carry.stores),
+                stores=cond(hit, lambda s: advance(s, OPS), lambda s: s, carry.stores),
             )  # fmt: skip
         return step_forward(loop, params, xs, carry)
 
@@ -269,15 +268,15 @@ def reporting_while_loop(
     going = running if within is None else lambda carry: within(carry) & running(carry)
     progress = loop.progress
     if progress is None:
-        return lax.while_loop(going, body, carry), None
+        return while_loop(going, body, carry), None
     short = lambda carry, target: any_lane(progress.milestone(params, carry.state) < target)
 
     def stretch(reporting):
         carry, target = reporting
-        carry = lax.while_loop(lambda c: going(c) & short(c, target), body, carry)
+        carry = while_loop(lambda c: going(c) & short(c, target), body, carry)
         return carry, progress.report(params, carry.state)
 
-    return lax.while_loop(lambda r: going(r[0]), stretch, (carry, target))
+    return while_loop(lambda r: going(r[0]), stretch, (carry, target))
 
 
 class Reversal(NamedTuple):
@@ -329,7 +328,7 @@ def reverse(
     cts = initial_cotangents(inputs, ct_out, want)
     n = saved.steps
     carry = Reversal(n, n - 1, k, positions[perm], saved.held, saved.snaps, cts)
-    return lax.while_loop(lambda carry: carry.end > 0, body, carry).cts
+    return while_loop(lambda carry: carry.end > 0, body, carry).cts
 
 
 def initial_cotangents(inputs: LoopInputs, ct_out, want: LoopInputs) -> LoopInputs:
@@ -382,14 +381,14 @@ def reverse_body(
         # the top snapshot.
         first = carry.cur >= 0
         restore = lambda: loop.unpacked(params, _tree.index(carry.snaps, perm[carry.k - 1]))
-        held = lax.cond(first, lambda: carry.held, restore)
+        held = cond(first, lambda: carry.held, restore)
         cur = jnp.where(first, carry.cur, carry.stack[carry.k - 1])
         inner = _Advance(cur, carry.k, carry.stack, held, carry.snaps)
         if table is not None:
             # With every state stored, the snapshot restored is the state before step
             # `end - 1`: no advance, and no copy of the step compiled for one.
             going = lambda inner: inner.cur < carry.end - 1
-            inner = lax.while_loop(going, partial(advance, carry.end), inner)
+            inner = while_loop(going, partial(advance, carry.end), inner)
         end = carry.end - 1
         cts, reached = vjp_step(end, tree(inner.held), carry.cts)
         if loop.checks_chain:
@@ -422,7 +421,7 @@ def _recorded_step(loop: EngineLoop, tape) -> Callable[..., Stepped]:
         follow = lambda: loop.step(params, state, x, i, _tree.index(tape, jnp.minimum(i, last)))
         if not loop.checks_chain:
             return follow()
-        return lax.cond(i <= last, follow, lambda: loop.step(params, state, x, i))
+        return cond(i <= last, follow, lambda: loop.step(params, state, x, i))
 
     return step
 

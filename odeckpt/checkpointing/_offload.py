@@ -15,9 +15,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from .._autodiff import _tree
+from .._autodiff import _tree, while_loop
 from . import _host
 from ._loop import (
     EngineLoop,
@@ -90,7 +89,7 @@ def forward(loop: EngineLoop, inputs: LoopInputs, segment: int, slots: int):
 
     target = None if loop.progress is None else loop.progress.report(params, init)
     carry = _Segments(jnp.array(0, _INT), init, init, host, buffers, pred, tape, target)
-    carry = lax.while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
+    carry = while_loop(lambda carry: loop.running(carry.i, carry.pred), run_segment, carry)
     final = carry.state if loop.checks_chain else None
     saved = HostSnapshots(carry.i, carry.prev, carry.host, carry.tape, final)
     return (carry.state, carry.buffers), saved
@@ -128,11 +127,11 @@ def reverse(
         stack = jnp.full((c,), -1, _INT).at[0].set(bottom)
         one = jnp.array(1, _INT)
         inner = Reversal(carry.end, carry.cur, one, stack, carry.held, snaps, carry.cts)
-        inner = lax.while_loop(lambda inner: inner.end > bottom, body, inner)
+        inner = while_loop(lambda inner: inner.end > bottom, body, inner)
         return _SegmentReversal(inner.end, inner.cur, carry.j - 1, inner.held, inner.snaps,
                                 inner.cts)  # fmt: skip
 
     n = saved.steps
     cts = initial_cotangents(inputs, ct_out, want)
     carry = _SegmentReversal(n, n - 1, (n - 1) // segment, saved.held, snaps, cts)
-    return lax.while_loop(lambda carry: carry.end > 0, run_segment, carry).cts
+    return while_loop(lambda carry: carry.end > 0, run_segment, carry).cts

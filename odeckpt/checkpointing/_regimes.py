@@ -12,9 +12,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from .._autodiff import Sweeps, _tree, differentiable
+from .._autodiff import Sweeps, _tree, cond, differentiable, scan
 from . import _loop, _offload
 from ._flat import flat_inputs, flat_loop, flat_out
 from ._loop import EngineLoop, LoopInputs
@@ -161,13 +160,13 @@ def _masked_scan(loop: EngineLoop, params, init, buffers):
 
         keep = lambda state, buffers: (state, buffers)
         running = any_lane(carry.pred)
-        state, buffers = lax.cond(running, advance, keep, carry.state, carry.buffers)
+        state, buffers = cond(running, advance, keep, carry.state, carry.buffers)
         return _Masked(carry.i + 1, state, buffers, loop.predicate(params, state)), None
 
     if loop.progress is not None:
         loop.progress.report(params, init)
     carry = _Masked(jnp.array(0, jnp.int32), init, buffers, loop.predicate(params, init))
-    carry, _ = lax.scan(body, carry, None, length=loop.steps)
+    carry, _ = scan(body, carry, None, length=loop.steps)
     if loop.progress is not None:
         loop.progress.report(params, carry.state)
     return carry.state, carry.buffers

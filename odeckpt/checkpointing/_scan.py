@@ -7,9 +7,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax import lax
 
-from .._autodiff import _tree, convert
+from .._autodiff import _tree, convert, scan
 from . import _host, schedules
 from ._loop import EngineLoop, LoopInputs, Stepped
 from ._regimes import check_plan, run
@@ -180,7 +179,7 @@ def checkpointed_scan(
             _host.check_host_memory("checkpointed_scan")
     n = plan.steps
     if plan.regime == "residuals":
-        return lax.scan(f, init, xs, length=n)
+        return scan(f, init, xs, length=n)
     init = _tree.strong(init)
     x = _example_x(xs)
     y_struct = _check_body(f, init, x)

@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from .._autodiff import manual_axes, varying, while_loop
+
 
 @custom_vmap
 def any_lane(pred: jax.Array) -> jax.Array:
@@ -22,7 +24,10 @@ def any_lane(pred: jax.Array) -> jax.Array:
 
     `pred` itself outside `vmap`. Under `vmap` with `pred` batched, `jnp.any` of `pred` over
     the mapped axis, unbatched (it broadcasts back to the lanes where combined with batched
-    values); with `pred` unbatched, `pred`.
+    values); with `pred` unbatched, `pred`. Inside `jax.shard_map`, also reduced over the
+    devices of the manual mesh axes (one all-reduce of a scalar): the loop runs in lockstep on
+    every device, with the same number of iterations, so that collectives in its body (and
+    in the transposes of its derivatives) meet on every device.
 
     **Example:**
 
@@ -34,6 +39,9 @@ def any_lane(pred: jax.Array) -> jax.Array:
 
     ```
     """
+    manual = manual_axes()
+    if manual:
+        return jax.lax.psum(varying(jnp.asarray(pred, jnp.int32)), manual) > 0
     return pred
 
 
@@ -50,10 +58,11 @@ def _any_lane_vmap(axis_size, in_batched, pred):
 def lane_running(pred: jax.Array) -> jax.Array:
     """Whether a step taken inside a loop that runs while `any_lane(pred)` is a real step for
     this lane: `True` (a constant XLA folds away) outside `vmap`, where the loop only steps
-    while `pred` holds; under `vmap`, `pred` itself, for the lanes that finished and step in
-    lockstep with the others. The engine replays only steps that ran forward, so the same
-    holds for its recomputations."""
-    return jnp.ones_like(pred)
+    while `pred` holds; under `vmap`, and inside `jax.shard_map` (whose devices step in
+    lockstep: `any_lane`), `pred` itself, for the lanes that finished and step with the
+    others. The engine replays only steps that ran forward, so the same holds for its
+    recomputations."""
+    return pred if manual_axes() else jnp.ones_like(pred)
 
 
 @lane_running.def_vmap
@@ -116,4 +125,4 @@ def lockstep_while_loop(cond_fun, body_fun, init_val, *, body_masks: bool = Fals
             return body_fun(val, running)
         return jax.tree.map(lambda new, old: jnp.where(running, new, old), body_fun(val), val)
 
-    return jax.lax.while_loop(lambda val: any_lane(cond_fun(val)), body, init_val)
+    return while_loop(lambda val: any_lane(cond_fun(val)), body, init_val)

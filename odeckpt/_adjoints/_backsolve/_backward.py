@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._autodiff import cond
 from ..._error_norm import per_leaf, scaled_distance
 from ..._loop import AbstractAdaptiveController, IntegrationLoop, LoopState, Outputs, after, before
 from ..._saveat import SaveAt
@@ -256,7 +257,7 @@ def solve_with_forward_states(
         jump = backward.last_jump(tau)
         tau_low = jnp.maximum(tau_stop, after(jnp, jump))
         needed = (window.start >= tau) & (tau > tau_low)
-        window, ok_window = jax.lax.cond(needed, refill, keep(window), tau)
+        window, ok_window = cond(needed, refill, keep(window), tau)
         ok_window = ok_window & ((window.start < tau) | ~needed)
         # Not past `tau`: a stop at `tau` itself (a save at `t1`) leaves the window unfilled
         # (its start `inf`), and the segment is empty.
@@ -295,8 +296,8 @@ def solve_with_forward_states(
     # The first step size, from the adjoint at t1 with y(t1) held fixed.
     dt = backward.first_dt(problem.adjoint_at(final.y, tau1), jnp.zeros_like(tau1), a_g, diff)
     carry = _AdjointCarry(zero, tau1, a_g, dt, window, stats, ct_jumps)
-    cond = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
-    done = lockstep_while_loop(cond, body, carry)
+    going = lambda c: (c.next_stop < stops.count) & c.stats.succeeded
+    done = lockstep_while_loop(going, body, carry)
     return (*done.a_g, done.ct_jumps), done.stats
 
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from ..._autodiff import cond
 from ..._types import BoolScalar, Scalar
 from ...checkpointing import lockstep_while_loop
 from ._base import DEFAULT_ATOL, DEFAULT_RTOL, AbstractNewton, Prepared, check_settings
@@ -110,13 +111,11 @@ class Newton(AbstractNewton):
             (t0, y0, args, field, hg, hg_complex, cache)
         )
         evaluate = cache.refresh
-        matrix = jax.lax.cond(
-            evaluate, lambda: jacobian(field, t0, y0, args), lambda: cache.jacobian
-        )
+        matrix = cond(evaluate, lambda: jacobian(field, t0, y0, args), lambda: cache.jacobian)
         refactor = evaluate | ~same_step_size(hg, cache.hg)
         shifts = (hg,) if hg_complex is None else (hg, hg_complex)
         old = (cache.lu,) if hg_complex is None else (cache.lu, cache.lu_complex)
-        factors = jax.lax.cond(
+        factors = cond(
             refactor,
             lambda: tuple(ShiftedLU.factor(matrix, jnp.asarray(s), field.mass) for s in shifts),
             lambda: old,
@@ -175,7 +174,7 @@ class Newton(AbstractNewton):
             weight = atol + rtol * coordinates.modulus(x)
             return jnp.sqrt(jnp.sum(jnp.abs(d / weight) ** 2) / count)
 
-        def cond(carry):
+        def going(carry):
             _, k, _, done, failed = carry
             return ~done & ~failed & (k < self.max_iters)
 
@@ -193,5 +192,5 @@ class Newton(AbstractNewton):
         x0 = solve(rhs)
         zero = jnp.zeros((), z.dtype)
         carry = (x0, jnp.zeros((), jnp.int32), norm(x0, x0), jnp.array(False), ~jnp.isfinite(zero))
-        x, _, _, done, _ = lockstep_while_loop(cond, body, carry)
+        x, _, _, done, _ = lockstep_while_loop(going, body, carry)
         return jnp.where(done, x, jnp.nan)

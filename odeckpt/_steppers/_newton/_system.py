@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from ..._autodiff import closure_convert
 from ..._real_coordinates import RealCoordinates
 from ..._types import Args, Scalar, VectorField, Y
 
@@ -47,7 +48,7 @@ class FlatField(eqx.Module):
         def fn(t, z, arrays):
             return coordinates.ravel(f(t, coordinates.unravel(z), eqx.combine(arrays, static)))
 
-        converted = eqx.filter_closure_convert(fn, t0, y0_flat, arrays)
+        converted = closure_convert(fn, t0, y0_flat, arrays)
         return cls(converted, coordinates, mass), y0_flat
 
     def __call__(self, t: Scalar, z: Array, args: Args) -> Array:
