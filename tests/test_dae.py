@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from dae_problems import ROBERTSON
 from selection import slow_unless
 
 import odeckpt
@@ -301,3 +302,23 @@ def test_ensemble():
                            rtol=1e-8, atol=1e-10)  # fmt: skip
     np.testing.assert_allclose(sol.ys[:, -1], jax.vmap(exact, (0, 0, None))(a[:, 0], k, T),
                                rtol=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("adjoint", slow_unless(list(ADJOINTS), fast={"recursive"}))
+def test_rate_constant_gradients_of_robertson_equal_finite_differences(adjoint):
+    """Robertson's kinetics with its conservation law as the algebraic equation: the gradient
+    of the concentrations at t = 40 in the log rate constants, against central differences of
+    tight solves."""
+    def end(log_k, rtol):
+        sol = odeckpt.solve(ROBERTSON.f, jnp.asarray(ROBERTSON.y0), (0.0, 40.0), jnp.exp(log_k),
+                            solver=odeckpt.Radau5(), mass_matrix=ROBERTSON.mass_matrix,
+                            rtol=rtol, atol=rtol * 1e-4, adjoint=ADJOINTS[adjoint])  # fmt: skip
+        return sol.ys[-1] @ jnp.array([1.0, 1e4, 1.0])
+
+    log_k = jnp.log(jnp.asarray(ROBERTSON.args))
+    derivative = jax.jacfwd if adjoint == "forward" else jax.grad
+    got = derivative(end)(log_k, 1e-8)
+    step = 1e-4
+    basis = np.eye(3) * step
+    fd = np.array([(end(log_k + e, 1e-11) - end(log_k - e, 1e-11)) / (2 * step) for e in basis])
+    np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-9)
