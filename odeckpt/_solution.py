@@ -27,10 +27,12 @@ class Stats(eqx.Module):
     - `num_accepted_steps`, `num_rejected_steps`: as named.
     - `num_fn_evals`: evaluations of the vector field, including those for the initial step size
         (for implicit steppers: one per Newton iteration; Jacobian evaluations are counted
-        apart).
+        apart) and, for a DAE, one per Newton iteration of its consistent initial values.
     - `num_jacobian_evals`: Jacobian evaluations (linearisations for `NewtonKrylov`) by implicit
-        and Rosenbrock steppers; 0 for explicit ones.
-    - `num_lu_factorisations`: LU factorisations of `I - h gamma J`; 0 for explicit steppers.
+        and Rosenbrock steppers, and those of a DAE's consistent initial values; 0 for explicit
+        ones.
+    - `num_lu_factorisations`: LU factorisations of `I - h gamma J` (`M - h gamma J` with a mass
+        matrix); 0 for explicit steppers.
     - `num_checkpoints`: snapshot slots that reverse-mode differentiation of this solve keeps
         (`RecursiveCheckpointAdjoint`'s `c`, device and host slots together with `offload`;
         the forward checkpoints of `BacksolveAdjoint` and `InterpolatingAdjoint`; `max_steps`

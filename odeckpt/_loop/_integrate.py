@@ -227,7 +227,7 @@ class IntegrationLoop(eqx.Module):
         )
         return dataclasses.replace(
             new, y=y, stepper_state=stepper_state, dt=dt, controller_state=controller_state,
-            counts=new.counts + LoopState.increments(num_fn_evals=1),
+            counts=new.counts + LoopState.increments(num_fn_evals=1) + _work(consistency),
             status=_unless_inconsistent(consistency, new.status),
         )  # fmt: skip
 
@@ -331,7 +331,7 @@ class IntegrationLoop(eqx.Module):
             dt=jnp.minimum(dt, self.t_end - t0),
             stepper_state=stepper_state,
             controller_state=controller_state,
-            counts=LoopState.increments(save_index=saved),
+            counts=LoopState.increments(save_index=saved) + _work(consistency),
             status=Status.where(all_finite(y0), status, Status.nonfinite_y0),
             events=None if self.events is None else EventState.make(len(self.events), t0.dtype),
         )
@@ -391,6 +391,14 @@ def _start_rows(ts: Array, t0: Scalar, y0: Y, f0: Y) -> Y:
         return ys + leading_mask(moved.astype(y.dtype), ys) * f[None]
 
     return jax.tree.map(rows, y0, f0)
+
+
+def _work(consistency: Consistency | None) -> Array | int:
+    """The counters' increments for making a DAE's values consistent (0: an ODE)."""
+    if consistency is None:
+        return 0
+    n = consistency.num_iterations
+    return LoopState.increments(num_fn_evals=n, num_jacobian_evals=n)
 
 
 def _unless_inconsistent(consistency: Consistency | None, status: Status) -> Status:

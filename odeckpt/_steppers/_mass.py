@@ -77,11 +77,13 @@ class Consistency(eqx.Module):
 
     **Fields:** `y` (flat); `inconsistent`: the constraints could not be solved (or, checked,
     do not hold) to the tolerances; `singular`: their Jacobian in the algebraic variables,
-    `Q^T J P`, is singular (the DAE is not of index 1 there)."""
+    `Q^T J P`, is singular (the DAE is not of index 1 there); `num_iterations`: the Newton
+    iterations taken, each one evaluation of `f` and one Jacobian of the constraints."""
 
     y: Array
     inconsistent: BoolScalar
     singular: BoolScalar
+    num_iterations: IntScalar | int = 0
 
 
 class Constraints(AbstractSystem):
@@ -162,7 +164,7 @@ def consistent(mass: FlatMass, field: FlatField, t: Scalar, y: Array, args: Args
     final = lockstep_while_loop(cond, body, _Carry(zero, jnp.zeros((), jnp.int32), false, false))
     z = jnp.where(final.converged, final.z, 0)
     z = implicit_solution(system, jax.lax.stop_gradient(z), Newton())
-    return Consistency(system.state(z), ~final.converged, final.singular)
+    return Consistency(system.state(z), ~final.converged, final.singular, final.num_iterations)
 
 
 def consistent_slope(mass: FlatMass, field: FlatField, t: Scalar, y: Array, args: Args) -> Array:
