@@ -309,6 +309,7 @@ def test_rate_constant_gradients_of_robertson_equal_finite_differences(adjoint):
     """Robertson's kinetics with its conservation law as the algebraic equation: the gradient
     of the concentrations at t = 40 in the log rate constants, against central differences of
     tight solves."""
+
     def end(log_k, rtol):
         sol = odeckpt.solve(ROBERTSON.f, jnp.asarray(ROBERTSON.y0), (0.0, 40.0), jnp.exp(log_k),
                             solver=odeckpt.Radau5(), mass_matrix=ROBERTSON.mass_matrix,
