@@ -18,30 +18,27 @@ def manual_axes() -> tuple[str, ...]:
     return tuple(getattr(mesh, "manual_axes", ()))
 
 
+def _cast(x, axes):
+    """The array `x` cast to vary over the mesh axes `axes` too (those it lacks)."""
+    if not eqx.is_array(x):
+        return x
+    missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def varying(tree):
     """`tree` with every array cast to vary over all the manual mesh axes in scope (inside
     `jax.shard_map`; unchanged elsewhere)."""
     manual = manual_axes()
     if not manual:
         return tree
-
-    def leaf(x):
-        if not eqx.is_array(x):
-            return x
-        missing = tuple(a for a in manual if a not in jax.typeof(x).manual_axis_type.varying)
-        return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(leaf, tree)
+    return jax.tree.map(lambda x: _cast(x, manual), tree)
 
 
 def varying_as(x, aval):
     """The array `x` cast to vary over the mesh axes the abstract value `aval` varies over
     (inside `jax.shard_map`; unchanged elsewhere)."""
-    axes = getattr(getattr(aval, "manual_axis_type", None), "varying", ())
-    if not axes or not eqx.is_array(x):
-        return x
-    missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
+    return _cast(x, getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
 
 
 def varying_like(tree, like):
@@ -52,11 +49,9 @@ def varying_like(tree, like):
         return tree
 
     def leaf(x, template):
-        if not eqx.is_array(x) or not eqx.is_array(template):
+        if not eqx.is_array(template):
             return x
-        axes = jax.typeof(template).manual_axis_type.varying
-        missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
-        return jax.lax.pcast(x, missing, to="varying") if missing else x
+        return _cast(x, jax.typeof(template).manual_axis_type.varying)
 
     return jax.tree.map(leaf, tree, like)
 
