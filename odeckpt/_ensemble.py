@@ -11,7 +11,6 @@ import numpy as np
 
 from . import _validate as validate
 from ._adjoints import GradientStats
-from ._errors import on_host
 from ._fused import KernelSettings, Start, Trajectory, Unsupported, run_ensemble
 from ._loop import DistinctSaveTimes, Event, Outputs
 from ._on_failure import raise_if_failed
@@ -72,8 +71,9 @@ def ensemble(
         hold one row per trajectory along an axis (`0`, the default: every leaf) and which are
         shared (`None`).
     - `throw`: raise if any trajectory fails, naming the trajectories (outside `jit`; under
-        `jit`, with the first failure's message). With `False`, `sol.status` holds one status
-        per trajectory; a failed trajectory's derivatives are NaN, the others' are exact.
+        `jit`, naming the first failed one, with its message). With `False`, `sol.status`
+        holds one status per trajectory; a failed trajectory's derivatives are NaN, the
+        others' are exact.
     - `backend`: `"auto"` (fused on a GPU when the problem allows it, else `"vmap"`),
         `"fused"` (the kernel; raises naming what it cannot run; off a GPU it runs in Pallas'
         interpret mode, slowly: for tests), or `"vmap"`.
@@ -116,7 +116,7 @@ def ensemble(
     if t_span is None:
         raise TypeError("ensemble() needs the time span. Fix: `ensemble(f, y0, (t0, t1), args)`.")
     y0 = validate.as_state(y0)
-    validate.check_throw_placement(validate.flag("throw", throw), on_host(), "ensemble")
+    throw = validate.flag("throw", throw)
     count = _trajectories(y0)
     axes = _args_axes(args_axes, args, count)
     keywords = dict(
@@ -359,9 +359,9 @@ def _fused(
 
 def _raised(sol: Solution, throw: bool) -> Solution:
     """`sol`, raising if `throw` and a trajectory failed: naming the trajectories when the
-    statuses are known (outside `jit`), else as `vmap(solve)` does (the first failure's
-    message; under `EQX_ON_ERROR=nan` every trajectory's outputs are NaN instead, equinox's
-    rule for a batch with a failed lane)."""
+    statuses are known (outside `jit`), else as `vmap(solve)` does (the first failed
+    trajectory and its message; under `EQX_ON_ERROR=nan` every trajectory's outputs are NaN
+    instead, equinox's rule for a batch with a failed lane)."""
     if not throw:
         return sol
     status = sol.status
@@ -376,8 +376,8 @@ def _raised(sol: Solution, throw: bool) -> Solution:
             )
         return sol
     note = (
-        " (In an ensemble: one trajectory or more failed. Fix: pass `throw=False` and read "
-        "`jnp.flatnonzero(sol.status != odeckpt.Status.successful)` for which.)"
+        " (In an ensemble the lane is the trajectory. For every failed one, pass "
+        "`throw=False` and read `jnp.flatnonzero(sol.status != odeckpt.Status.successful)`.)"
     )
     notes = {name: note for name in Status.names() if name != "successful"}
     outputs = jax.vmap(lambda s, out: raise_if_failed(s, out, notes))(status, (sol.ts, sol.ys))

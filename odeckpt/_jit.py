@@ -13,6 +13,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from ._errors import failures_on_host
+from ._failed_lane import readable
 
 # `jax.jit` options that name argument positions, which `odeckpt.jit` repacks.
 _POSITIONAL_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings")
@@ -115,7 +116,7 @@ class _Compiled:
         # mesh's `Explicit` axes, which checkify cannot index).
         message = jax.tree.map(np.asarray, error).get()
         if message is not None:
-            raise eqx.EquinoxRuntimeError(_without_location(message))
+            raise eqx.EquinoxRuntimeError(readable(_without_location(message)))
         return eqx.combine(out_dynamic, out_static.tree)
 
     def lower(self, *args, **kwargs):

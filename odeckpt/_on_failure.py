@@ -68,10 +68,11 @@ def raise_if_failed(
     the outcomes it names, and `note` appends text to them.
 
     The check runs on a floating scalar and reaches `tree` through an exact `x - 0`, instead of
-    passing `tree` through the check's `lax.cond`: XLA places a `cond` holding a host callback
-    on one device, which would gather a sharded state there (see docs/scaling.md). A floating
-    scalar (never an integer) carries the NaN of `EQX_ON_ERROR=nan` to every leaf.
-    """
+    passing `tree` through the check's `lax.cond`: equinox's checks (under `EQX_ON_ERROR=nan`
+    or `breakpoint`, and on TPUs) pass their token through one, and XLA places a `cond` that
+    holds a host callback on one device, where it would gather a sharded state (see
+    docs/scaling.md). A floating scalar (never an integer) carries the NaN of
+    `EQX_ON_ERROR=nan` to every leaf."""
     failed = status != Status.successful
     messages, note = messages or {}, note or {}
     messages = {

@@ -188,7 +188,6 @@ def prepare(
     habits.check_signature(f)
     habits.check_list_state(y0)
     throw, progress = validate.flag("throw", throw), validate.flag("progress", progress)
-    validate.check_throw_placement(throw, on_host())
     stepper = _stepper(solver)
     if mass_matrix is not None:
         _check_mass_matrix_stepper(stepper)

@@ -11,7 +11,6 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 
-from ._autodiff import manual_axes
 from ._checks import known_values
 from ._error_norm import per_leaf
 from ._errors import error_if
@@ -143,24 +142,6 @@ def flag(name: str, value) -> bool:
     raise TypeError(
         f"solve({name}={value!r}) must be True or False. Fix: pass {name}=True or {name}=False."
     )
-
-
-def check_throw_placement(throw: bool, failures_on_host: bool, call: str = "solve") -> None:
-    """Raise, naming the fix, for `throw=True` inside `jax.shard_map` under a plain `jax.jit`:
-    a failure would raise from a host callback on the device of the failing lane while the
-    other devices wait for it in a collective, and XLA aborts the whole process when their
-    rendezvous times out (40 s), instead of raising. `odeckpt.jit` raises after the call."""
-    manual = manual_axes()
-    if throw and manual and not failures_on_host:
-        raise ValueError(
-            f"{call}(throw=True) inside jax.shard_map (manual mesh axes {tuple(manual)}) "
-            "under a plain jax.jit: a failure would raise from a host callback on one device "
-            "while the others wait in a collective, and XLA would abort the process after "
-            "its rendezvous timeout instead of raising. Fix: compile with odeckpt.jit instead "
-            "of jax.jit (failures raise on the host after the call, naming the lane), or "
-            f"pass throw=False and check sol.status (one per lane; a failed lane's gradients "
-            "are NaN)."
-        )
 
 
 def check_finite(y0: Y) -> None:

@@ -98,7 +98,8 @@ def test_throw_names_the_failed_trajectories():
 def test_under_jit_a_failure_raises_with_its_message():
     y0, params = _mixed()
     run = jax.jit(lambda p: _solve(y0, p, "fused", throw=True).ys)
-    with pytest.raises(Exception, match=r"A step produced non-finite values.*one trajectory or"):
+    expected = r"Lane 3 of 8 failed \(the first of 4 failing lanes\): A step produced non-finite"
+    with pytest.raises(Exception, match=expected + r".*the lane is the trajectory"):
         jax.block_until_ready(run(params))
 
 

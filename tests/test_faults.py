@@ -252,19 +252,34 @@ _THROWING = {
 @pytest.mark.parametrize("fault", slow_unless(list(_LANE_FAULTS), fast={"f"}))
 def test_odeckpt_jit_raises_a_failing_lanes_status_after_the_call(fault):
     """`throw=True` under `odeckpt.jit`: one faulty lane beside a healthy one makes the call
-    raise its status's message, from the solve and from its gradient (whose checks XLA keeps);
-    the same program on healthy lanes returns the exact gradient."""
+    raise its status's message, naming the lane, from the solve and from its gradient (whose
+    checks XLA keeps); the same program on healthy lanes returns the exact gradient."""
     row, status = _LANE_FAULTS[fault]
     lanes = Lanes([row, (0.7, 1.3, 2.0, 0.0)])
     for program in _THROWING.values():
         with pytest.raises(eqx.EquinoxRuntimeError) as raised:
             program(lanes.y0, lanes.k, lanes.t_fault, lanes.value)
-        assert str(raised.value).startswith(status.message)  # then the call's line
+        message = str(raised.value)
+        assert message.startswith("Lane 0 of 2 failed: " + status.message)  # then the call's line
     healthy = Lanes([(0.7, 1.3, 2.0, 0.0), (1.5, 0.4, 2.0, 0.0)])
     d_y0, d_k = _THROWING["grad"](healthy.y0, healthy.k, healthy.t_fault, healthy.value)
     decay = np.exp(-2 * healthy.k)
     np.testing.assert_allclose(d_y0, 2 * healthy.y0 * decay, rtol=1e-6)
     np.testing.assert_allclose(d_k, -2 * healthy.y0**2 * decay, rtol=1e-6)
+
+
+@pytest.mark.parametrize("compile_", [jax.jit, odeckpt.jit], ids=["jax.jit", "odeckpt.jit"])
+def test_the_message_names_the_first_failing_lane_of_nested_vmaps(compile_):
+    """Lanes (1, 0) and (1, 2) of a 2 x 3 batch have a NaN rate: the error names lane 3 of 6
+    (row-major, outermost `vmap` first), from the solve and from its gradient (under `jax.jit`
+    too: the check is an effect that XLA keeps although the gradient does not read it)."""
+    k = np.ones((2, 3))
+    k[1, 0] = k[1, 2] = np.nan
+    solve = lambda k: odeckpt.solve(lambda t, y, k: -k * y, jnp.ones(1), (0.0, 1.0), k).ys[-1, 0]
+    expected = r"Lane 3 of 6 failed \(the first of 2 failing lanes\): The vector field is NaN"
+    for program in (jax.vmap(jax.vmap(solve)), jax.vmap(jax.vmap(jax.grad(solve)))):
+        with pytest.raises(Exception, match=expected):
+            jax.block_until_ready(compile_(program)(k))
 
 
 @pytest.mark.parametrize(
