@@ -19,7 +19,7 @@ It prints one JSON object, `{check: figures}`, of the figures `test_sharding.py`
     the snapshot buffer found in the compiled gradient.
 - `worker`: one of several processes joined by `jax.distributed` (2 CPU devices each, gloo
     collectives): the ensemble on a global mesh, each process checking its own lanes against
-    an unsharded solve of them.
+    an unsharded solve of them, and the error of a failing lane (every process raises).
 """
 
 import argparse
@@ -215,9 +215,20 @@ def check_worker(process_id: int, num_processes: int, port: int) -> dict:
         "grad_sharded": [sharded_as(g, mesh, "lanes", None) for g in (g_y0, g_params)],
         "ys_rel_diff": relative_difference(local(ys), solve(y0_l, params_l)),
         "grad_rel_diff": relative_difference([local(g_y0), local(g_params)], grad(y0_l, params_l)),
+        "failing_lane": failing_lane(solve, y0_g, global_array(params)),
     }
     jax.distributed.shutdown()
     return result
+
+
+def failing_lane(solve, y0: jax.Array, params: jax.Array) -> str:
+    """The error of `solve` (`throw=True`) with lane 5's parameters NaN: the line of it that
+    names the lane, or `""` if it raised none."""
+    try:
+        jax.block_until_ready(solve(y0, params.at[5, 0].set(jnp.nan)))
+    except Exception as error:
+        return next((line for line in str(error).splitlines() if "Lane" in line), str(error))
+    return ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -102,7 +102,8 @@ def free_port() -> int:
 def test_ensemble_across_processes(tmp_path):
     """Two processes with 2 CPU devices each, joined by `jax.distributed.initialize` (gloo
     collectives): the ensemble sharded over the 4-device global mesh; each process's lanes and
-    their gradients equal an unsharded solve of them, and come back sharded."""
+    their gradients equal an unsharded solve of them, and come back sharded; a failing lane
+    with `throw=True` makes both processes raise, naming it, and neither hangs."""
     port, workers, logs = free_port(), [], []
     for i in range(2):
         # Files, not pipes: a worker blocked on a full pipe would stall the other's collectives.
@@ -138,3 +139,5 @@ def test_ensemble_across_processes(tmp_path):
         assert result["ys_sharded"] and result["grad_sharded"] == [True, True]
         assert result["ys_rel_diff"] <= 1e-12
         assert result["grad_rel_diff"] <= 1e-12
+        # A NaN parameter in lane 5 (on process 1): both processes raise, naming it.
+        assert "Lane 5 of 8 failed: The vector field is NaN" in result["failing_lane"], result
