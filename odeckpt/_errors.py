@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import equinox as eqx
 import jax
+import jax.core
 from jax.experimental import checkify
 
 from ._failed_lane import CHECKIFY_PREFIX, locate, where_text
@@ -74,6 +75,10 @@ def branched_error_if(token, pred: BoolScalar, index, messages: Sequence[str]):
         return token
     failure = failure.everywhere()
     raises = functools.partial(_raise, tuple(messages))
+    if not isinstance(failure.failed, jax.core.Tracer):  # (e.g. `vmap` outside `jit`)
+        if failure.failed:
+            raises(failure.index, *failure.numbers())
+        return token
     jax.lax.cond(
         failure.failed,
         lambda: jax.debug.callback(raises, failure.index, *failure.numbers(), partitioned=True),

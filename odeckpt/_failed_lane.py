@@ -45,11 +45,9 @@ class FailedLane(eqx.Module):
         if not axes:
             return self
         first = jax.lax.pmin(varying(jnp.where(self.failed, self.shard, self.shards)), axes)
-        pick = lambda x: jax.lax.psum(varying(jnp.where(self.shard == first, x, 0)), axes)
-        return FailedLane(
-            first < self.shards, pick(self.index), pick(self.lane), pick(self.lanes),
-            pick(self.count), pick(self.shard), self.shards,
-        )  # fmt: skip
+        numbers = jnp.stack([self.index, self.lane, self.lanes, self.count, self.shard])
+        numbers = jax.lax.psum(varying(jnp.where(self.shard == first, numbers, 0)), axes)
+        return FailedLane(first < self.shards, *numbers, self.shards)
 
 
 def locate(pred: BoolScalar, index: IntScalar) -> FailedLane:
@@ -83,11 +81,11 @@ def _first_of_lanes(axis_size: int, in_batched, *values):
     )
     position = jnp.arange(axis_size, dtype=jnp.int32)
     first = jnp.min(jnp.where(failed, position, axis_size))
-    at_first = lambda x: jnp.sum(jnp.where(position == first, x, 0))
+    at_first = lambda x: jnp.sum(jnp.where(position == first, x, 0), dtype=jnp.int32)
     inner = jnp.max(lanes)  # (the same in every lane)
     reduced = _reduced(
-        first < axis_size, at_first(index), first * inner + at_first(lane), inner * axis_size,
-        jnp.sum(count),
+        first < axis_size, at_first(index), first * inner + at_first(lane),
+        inner * jnp.int32(axis_size), jnp.sum(count, dtype=jnp.int32),
     )  # fmt: skip
     return reduced, (False,) * 5
 
