@@ -15,8 +15,11 @@ from ._varying import (
     closure_convert as closure_convert,
     cond as cond,
     manual_axes as manual_axes,
+    on_auto_axes as on_auto_axes,
     scan as scan,
+    stack as stack,
     switch as switch,
+    take as take,
     varying as varying,
     while_loop as while_loop,
 )

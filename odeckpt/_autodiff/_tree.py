@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+from ._varying import on_mesh
+
 
 def is_inexact(x) -> bool:
     """Whether `x` is an array (or a typed scalar literal) of floating or complex dtype, or a
@@ -59,7 +61,7 @@ class Raveled(eqx.Module):
 
 def ravel(tree) -> Raveled:
     """`tree` as a `Raveled`: its small leaves concatenated, one vector per dtype."""
-    leaves, treedef = jtu.tree_flatten(tree)
+    leaves, treedef = jtu.tree_flatten(on_mesh(tree))
     parts, groups, layout = [], {}, []
     for leaf in leaves:
         shape = tuple(jnp.shape(leaf))

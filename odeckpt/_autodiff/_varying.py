@@ -3,19 +3,36 @@ there every value carries the manual mesh axes it varies over, and a loop's carr
 replicated becomes varying after one step, which `lax.while_loop` refuses (carry types must
 not change) and a function closure-converted for the one refuses for the other. Here loop
 carries and the arguments of converted functions vary over every manual axis in scope, so
-each sees one type. Outside `shard_map` there are no manual axes and nothing changes."""
+each sees one type. Outside `shard_map` there are no manual axes and nothing changes.
+
+Under `jax.jit` over a mesh with `Explicit` axes (`jax.set_mesh`) shardings are part of the
+types too: there a constant (no mesh) and a traced value (on the mesh) of one shape differ, so
+`varying` also places constants on the mesh (`on_mesh`). Where a batched and an unbatched
+operand meet, some of JAX's batching or sharding rules lose or refuse the `vmap`ped axis's
+sharding: `stack` builds its result another way there, and `on_auto_axes` (with `take`, a
+lane's entry of a shared table) runs such code with those axes made `Auto`. Without an
+`Explicit` axis in scope each is the plain operation."""
 
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 
 def manual_axes() -> tuple[str, ...]:
     """The manual mesh axes in scope: those of the enclosing `jax.shard_map` (none outside)."""
     mesh: Any = jax.sharding.get_abstract_mesh()
     return tuple(getattr(mesh, "manual_axes", ()))
+
+
+def explicit_axes() -> tuple[str, ...]:
+    """The mesh axes in scope whose shardings are part of the types: the `Explicit` axes of
+    the mesh set by `jax.set_mesh` (none outside one)."""
+    mesh: Any = jax.sharding.get_abstract_mesh()
+    return tuple(getattr(mesh, "explicit_axes", ()))
 
 
 def _cast(x, axes):
@@ -26,13 +43,69 @@ def _cast(x, axes):
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
+def _on_mesh(x):
+    """The array `x` placed, replicated, on the mesh in scope if it is on none (a constant)."""
+    if not eqx.is_array(x) or not jax.typeof(x).sharding.mesh.empty:
+        return x
+    return jax.sharding.reshard(x, PartitionSpec())
+
+
+def on_mesh(tree):
+    """`tree` with every array that is on no mesh (a constant) placed, replicated, on the mesh
+    in scope, under a mesh with `Explicit` axes; unchanged elsewhere.
+
+    Where such a constant meets a batched value in a primitive that `vmap` broadcasts it for
+    (a loop's carry, `concatenate`), JAX gives it the batch axis's sharding on its own mesh,
+    which has no such axis."""
+    if not explicit_axes():
+        return tree
+    return jax.tree.map(_on_mesh, tree)
+
+
 def varying(tree):
     """`tree` with every array cast to vary over all the manual mesh axes in scope (inside
-    `jax.shard_map`; unchanged elsewhere)."""
+    `jax.shard_map`) and placed on the mesh if it is on none (`on_mesh`); unchanged
+    elsewhere."""
+    tree = on_mesh(tree)
     manual = manual_axes()
     if not manual:
         return tree
     return jax.tree.map(lambda x: _cast(x, manual), tree)
+
+
+def stack(arrays, axis: int = 0) -> jax.Array:
+    """`jnp.stack(arrays, axis)`, also where batched and unbatched arrays meet under `vmap`
+    over `Explicit` mesh axes: JAX's batching rule of `stack` broadcasts the unbatched ones
+    without the batch axis's sharding (and the types then differ); there it is built by
+    `concatenate`, whose rule keeps it."""
+    if not explicit_axes():
+        return jnp.stack(arrays, axis)
+    return jnp.concatenate([jnp.expand_dims(x, axis) for x in arrays], axis)
+
+
+def take(array, index) -> jax.Array:
+    """`array[index]`, also where `vmap` over `Explicit` mesh axes batches `index` and not
+    `array` (a lane's own entry of a shared table): JAX's sharding rule of the `gather` that
+    `vmap` makes of it refuses that case, so there it is read on `Auto` axes
+    (`on_auto_axes`)."""
+    return on_auto_axes(lambda array, index: array[index], array, index)
+
+
+def on_auto_axes(fn: Callable, *args) -> Any:
+    """`fn(*args)` with the `Explicit` mesh axes in scope made `Auto` (the compiler places
+    what it computes) and its results replicated over them, per lane of a `vmap`; `fn(*args)`
+    elsewhere.
+
+    For code that `vmap` breaks under explicit axes: some batching rules of JAX drop the
+    sharding of the batch axis where a batched operand meets an unbatched one (`stack`; a
+    `gather` from an unbatched table at batched indices, whose sharding rule then refuses).
+    `fn` may close over no traced array and its results must be arrays."""
+    axes = explicit_axes()
+    if not axes:
+        return fn(*args)
+    arrays, rest = eqx.partition(args, eqx.is_array)
+    run = lambda arrays: fn(*eqx.combine(arrays, rest))
+    return jax.sharding.auto_axes(run, axes=axes, out_sharding=PartitionSpec())(arrays)
 
 
 def varying_as(x, aval):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._autodiff import stack
 from .._checks import known_values
 from .._error_norm import effective_tolerances, per_leaf, real_dtype, rms, scaled_error
 from .._steppers import AbstractStepper
@@ -487,7 +488,7 @@ class PIDController(AbstractAdaptiveController):
         # An accepted step shortened to hit a save time says nothing against the longer proposal.
         next_dt = jnp.where(accept & clipped, jnp.maximum(next_dt, dt), next_dt)
         next_dt = jax.lax.stop_gradient(self._clip(next_dt))
-        state = jnp.where(accept, jnp.stack([inverse, inverse_prev]), state)
+        state = jnp.where(accept, stack([inverse, inverse_prev]), state)
         return Decision(
             accept=accept,
             next_dt=next_dt,

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._autodiff import on_auto_axes
 from .._types import IntScalar, Scalar, Y
 
 
@@ -33,6 +34,11 @@ def piecewise(starts: Array, ends: Array, coeffs: Y, t: Scalar, count: IntScalar
     """The piecewise polynomial over `count` consecutive pieces `[starts[i], ends[i]]` (times
     increasing; leaves of `coeffs` shaped `(pieces, degree + 1, ...)`) at time `t`: the first
     piece that ends at or after `t` (the last piece past the end)."""
+    # (Under `vmap` the pieces may be shared and `t` a lane's own: see `on_auto_axes`.)
+    return on_auto_axes(_piecewise, starts, ends, coeffs, t, count)
+
+
+def _piecewise(starts: Array, ends: Array, coeffs: Y, t: Scalar, count: IntScalar | int) -> Y:
     index = jnp.clip(jnp.searchsorted(ends, t, side="left"), 0, jnp.maximum(count - 1, 0))
     start, h = starts[index], ends[index] - starts[index]
     # A zero-length or unused piece must not make 0/0.

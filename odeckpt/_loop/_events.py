@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .._autodiff import closure_convert
+from .._autodiff import closure_convert, stack, take
 from .._types import Args, BoolScalar, IntScalar, Scalar, Y
 from ..checkpointing import lockstep_while_loop
 from ._dense import polynomial
@@ -190,7 +190,7 @@ class EventSet(eqx.Module):
         jumps = [y if e.update is None else e.update(t, y, args) for e in self.events]
         if len(jumps) == 1:
             return jumps[0]
-        return jax.tree.map(lambda *leaves: jnp.stack(leaves)[index], *jumps)
+        return jax.tree.map(lambda *leaves: take(stack(leaves), index), *jumps)
 
     def closure_converted(self, adjoint: str, t0: Scalar, y0: Y, args: Args) -> "EventSet":
         """These events with their functions (`fn`, `update`) closure-converted, so that they
@@ -224,9 +224,9 @@ class EventSet(eqx.Module):
         """What `crossing` in a step (accepted if `accept`) does, from the event `state`."""
         index = crossing.index
         fired = accept & crossing.found
-        terminal = self.terminal[index]
+        terminal = take(self.terminal, index)
         jumping = fired & ~terminal
-        too_many = jumping & (state.num_jumps[index] >= self.max_jumps[index])
+        too_many = jumping & (take(state.num_jumps, index) >= take(self.max_jumps, index))
         nonfinite = accept & crossing.nonfinite
         jumping = jumping & ~too_many & ~nonfinite
         after = EventState(
@@ -267,19 +267,19 @@ class EventSet(eqx.Module):
             crosses = self._crosses(event, samples[:-1, i], samples[1:, i])
             piece = jnp.argmax(crosses)
             any_cross = jnp.any(crosses)
-            lo = jnp.where(any_cross, thetas[piece], 1)
-            hi = jnp.where(any_cross, thetas[piece + 1], 1)
+            lo = jnp.where(any_cross, take(thetas, piece), 1)
+            hi = jnp.where(any_cross, take(thetas, piece + 1), 1)
             theta = _illinois(g, lo, hi, samples[piece, i], samples[piece + 1, i], tol)
             root, value = _implicit_root(g, theta, any_cross)
             roots.append(root)
             values.append(value)
             founds.append(any_cross)
-        roots, founds = jnp.stack(roots), jnp.stack(founds)
+        roots, founds = stack(roots), stack(founds)
         index = jnp.argmin(jnp.where(founds, jax.lax.stop_gradient(roots), jnp.inf))
-        theta = jnp.where(jnp.any(founds), roots[index], 1)
+        theta = jnp.where(jnp.any(founds), take(roots, index), 1)
         any_found = jnp.any(founds) if found is None else found
         nonfinite = ~jnp.all(jnp.isfinite(samples))
-        value = jax.lax.stop_gradient(jnp.stack(values)[index])
+        value = jax.lax.stop_gradient(take(stack(values), index))
         return Crossing(any_found, nonfinite, index.astype(jnp.int32), theta, t0 + theta * h,
                         _at(dense, theta), value)  # fmt: skip
 

@@ -6,6 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from .._autodiff import stack
 from .._status import Status
 from .._types import IntScalar, Scalar, Y
 from ._events import EventState
@@ -72,7 +73,7 @@ class LoopState(eqx.Module):
         unknown = set(values) - set(names)
         if unknown:
             raise TypeError(f"unknown counters {sorted(unknown)}; the counters are {names}")
-        return jnp.stack([jnp.asarray(values.get(n, 0)).astype(jnp.int32) for n in names])
+        return stack([jnp.asarray(values.get(n, 0)).astype(jnp.int32) for n in names])
 
 
 class StepRecord(eqx.Module):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._autodiff import stack
 from .._types import Args, Scalar, VectorField, Y
 from ._base import AbstractStepper, Step
 from ._fence import fence
@@ -104,5 +105,5 @@ class AbstractExplicitRK(AbstractStepper):
         else:
             y_error = combine(None, h, tableau.b_error, ks)
         powers = [combine(None, h, w, ks) for w in tableau.dense_weights]
-        dense = jax.tree.map(lambda *p: jnp.stack(p), y0, *powers)
+        dense = jax.tree.map(lambda *p: stack(p), y0, *powers)
         return Step(y1=y1, y_error=y_error, dense=dense, state=f1)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._autodiff import cond
+from .._autodiff import cond, on_auto_axes
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -95,7 +95,8 @@ class Collocation(AbstractSystem):
         h = jnp.asarray(self.h, z.dtype)
         mass = jnp.eye(size // 3, dtype=z.dtype) if self.field.mass is None else self.field.mass
         identity = jnp.kron(jnp.eye(3, dtype=z.dtype), jnp.asarray(mass, z.dtype))
-        return identity - h * blocks.reshape(size, size)
+        # (JAX's sharding rule of a reshape merging two pairs of axes has no case for it)
+        return identity - h * on_auto_axes(lambda b: b.reshape(size, size), blocks)
 
     def num_components(self) -> int:
         return 3 * self.field.coordinates.num_components

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._autodiff import on_auto_axes
 from ._loop import OPS
 from .schedules import BinomialTable, Plan, Schedule, binomial, offload_recomputations
 
@@ -53,11 +54,14 @@ def recomputed_steps(plan: Plan, num_steps) -> jax.Array:
     n = jnp.asarray(num_steps, _INT)
     if plan.offload is not None:
         assert plan.schedule is not None and plan.segment is not None  # set with `offload`
-        return _offload_recomputations(plan.schedule, plan.segment, n)
+        schedule, segment = plan.schedule, plan.segment
+        # (read from the tables at the step count: a lane's own under `vmap`)
+        return on_auto_axes(lambda n: _offload_recomputations(schedule, segment, n), n)
     if plan.regime != "binomial":  # every step's residuals or state are stored
         return jnp.zeros((), _INT)
     assert plan.schedule is not None  # set in the binomial regime
-    return _schedule_recomputations(plan.schedule, n)
+    schedule = plan.schedule
+    return on_auto_axes(lambda n: _schedule_recomputations(schedule, n), n)
 
 
 def _schedule_recomputations(schedule: Schedule, n: jax.Array) -> jax.Array:

@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..._autodiff import cond
+from ..._autodiff import cond, on_auto_axes, take
 from ..._error_norm import per_leaf, scaled_distance
 from ..._loop import AbstractAdaptiveController, IntegrationLoop, LoopState, Outputs, after, before
 from ..._saveat import SaveAt
@@ -107,8 +107,10 @@ class Backward(eqx.Module):
         jump_ts = self.loop.jump_ts
         if jump_ts is None:
             return jnp.full_like(tau, -jnp.inf)
-        index = jnp.searchsorted(jump_ts, tau, side="right") - 1
-        return jnp.where(index >= 0, jump_ts[jnp.maximum(index, 0)], -jnp.inf)
+        # (Under `vmap` the jump times may be shared and `tau` a lane's own: `on_auto_axes`.)
+        search = lambda ts, tau: jnp.searchsorted(ts, tau, side="right")
+        index = on_auto_axes(search, jump_ts, tau) - 1
+        return jnp.where(index >= 0, take(jump_ts, jnp.maximum(index, 0)), -jnp.inf)
 
     def apply(self, j, y, a, g):
         return self.stops.apply(j, self.loop.stepper, self.problem, self.diff, y, a, g)
@@ -165,8 +167,8 @@ def solve_backwards(backward: Backward, z, ct_jumps=None) -> tuple:
     problem, diff, stops = backward.problem, backward.diff, backward.stops
 
     def body(carry: _AugmentedCarry) -> _AugmentedCarry:
-        j = stops.order[carry.next_stop]
-        s_stop = jnp.maximum(-stops.times[j], carry.s)
+        j = take(stops.order, carry.next_stop)
+        s_stop = jnp.maximum(-take(stops.times, j), carry.s)
         jump = backward.last_jump(-carry.s)
         s_jump = -after(jnp, jump)
         s_end = jnp.minimum(s_stop, jnp.maximum(s_jump, carry.s))
@@ -252,8 +254,8 @@ def solve_with_forward_states(
 
     def body(carry: _AdjointCarry) -> _AdjointCarry:
         tau, window = carry.tau, carry.window
-        j = stops.order[carry.next_stop]
-        tau_stop = jnp.minimum(stops.times[j], tau)
+        j = take(stops.order, carry.next_stop)
+        tau_stop = jnp.minimum(take(stops.times, j), tau)
         jump = backward.last_jump(tau)
         tau_low = jnp.maximum(tau_stop, after(jnp, jump))
         needed = (window.start >= tau) & (tau > tau_low)

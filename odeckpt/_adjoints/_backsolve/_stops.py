@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._autodiff import stack
 from ..._checks import all_finite
 from ..._loop import IntegrationLoop, LoopState, Outputs, after, before
 from ..._steppers import AbstractStepper
@@ -131,7 +132,7 @@ def jump_stops(loop: IntegrationLoop, init: LoopState, final: LoopState) -> Jump
 def _nonzero(ct: Y) -> jax.Array:
     """Whether any cotangent in `ct` is non-zero: an output nobody differentiates makes no
     stops."""
-    return jnp.any(jnp.stack([jnp.any(leaf != 0) for leaf in jax.tree.leaves(ct)]))
+    return jnp.any(stack([jnp.any(leaf != 0) for leaf in jax.tree.leaves(ct)]))
 
 
 class Stops(eqx.Module):

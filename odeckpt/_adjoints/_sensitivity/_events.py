@@ -20,6 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._autodiff import on_auto_axes
 from ..._loop import Event, EventSet, after, before
 from ..._types import Scalar, VectorField, Y
 from .._derivatives import crossing_tangent
@@ -97,7 +98,11 @@ def sensitivity_jumps(f: VectorField, jump_ts: jax.Array) -> Callable:
     def update(tau, y: Augmented, args: SensitivityArgs) -> Augmented:
         # Equal jump times are one discontinuity, landed on once: it moves with the first.
         assert args.jump_directions is not None  # given with the jump times
-        dtau = args.jump_directions[:, jnp.searchsorted(jump_ts, tau, side="left")]
+        # (Under `vmap` the jump times may be shared and `tau` a lane's own: `on_auto_axes`.)
+        dtau = on_auto_axes(
+            lambda d, ts, tau: d[:, jnp.searchsorted(ts, tau, side="left")],
+            args.jump_directions, jump_ts, tau,
+        )  # fmt: skip
         change = jax.tree.map(
             jnp.subtract, f(before(jnp, tau), y.y, args.args), f(after(jnp, tau), y.y, args.args)
         )

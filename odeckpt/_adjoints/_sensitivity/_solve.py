@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._autodiff import stack
 from ..._error_norm import scaled_distance
 from ..._loop import AbstractAdaptiveController, EventState, IntegrationLoop, LoopState
 from ..._status import Status
@@ -89,7 +90,7 @@ def _scale(theta: Integrated, span, direction: Integrated):
     spans = None if theta.jump_ts is None else jnp.full_like(theta.jump_ts, span)
     theta = dataclasses.replace(theta, t0=span, jump_ts=spans)
     ratios = jax.tree.map(lambda d, x: jnp.max(jnp.abs(d) / pbar(x), initial=0), direction, theta)
-    scale = jnp.max(jnp.stack([r.astype(span.dtype) for r in jax.tree.leaves(ratios)]))
+    scale = jnp.max(stack([r.astype(span.dtype) for r in jax.tree.leaves(ratios)]))
     return jnp.where(scale > 0, scale, 1).astype(span.dtype)
 
 
