@@ -47,7 +47,8 @@ class FailedLane(eqx.Module):
         first = jax.lax.pmin(varying(jnp.where(self.failed, self.shard, self.shards)), axes)
         numbers = jnp.stack([self.index, self.lane, self.lanes, self.count, self.shard])
         numbers = jax.lax.psum(varying(jnp.where(self.shard == first, numbers, 0)), axes)
-        return FailedLane(first < self.shards, *numbers, self.shards)
+        index, lane, lanes, count, shard = numbers
+        return FailedLane(first < self.shards, index, lane, lanes, count, shard, self.shards)
 
 
 def locate(pred: BoolScalar, index: IntScalar) -> FailedLane:

@@ -10,10 +10,14 @@ It prints one JSON object, `{check: figures}`:
 - `adjoints`: 8 Lotka-Volterra lanes split over 4 devices by `shard_map`, `vmap` of the gradient
     (or of `jacfwd` for `ForwardMode`) of each adjoint with one stepper each (explicit,
     implicit, reversible), a terminal event and a DAE: the largest relative difference from
-    `vmap` on one device, per case.
+    `vmap` on one device, per case; and (`<case>/psum`, reverse mode) the gradient of the loss
+    summed over all lanes with `lax.psum`, as data-parallel training takes it.
 - `engine`: `checkpointed_scan` and `bounded_while_loop` differentiated inside `shard_map`.
 - `explicit`: the lanes sharded over a mesh whose axis is `Explicit` (`jax.jit` propagates the
     sharding through the types), solve and gradient.
+- `explicit_cases`: every case of `adjoints` over `Explicit` axes (`--cases` picks them).
+- `explicit_programs`: `odeckpt.ensemble`, `odeckpt.jit` and a failing lane over `Explicit`
+    axes.
 - `throw`: a failing lane with `throw=True`, inside `shard_map` (solve and gradient) and in a
     batch sharded by `jax.jit`, under `jax.jit` and `odeckpt.jit`: the error and its message.
 """
@@ -97,6 +101,15 @@ def check_adjoints(cases: list[str]) -> dict:
             )  # fmt: skip
         )
         result[name] = relative_difference(inside(y0_s, params_s), jax.jit(lane)(y0, params))
+        if derivative is jax.jacfwd:
+            continue  # (forward mode inside `shard_map` perturbs every device's input at once)
+        # Data-parallel: the gradient of the loss summed over every device's lanes.
+        batch_loss = lambda y0, p, case=case: jnp.sum(jax.vmap(loss_of(case))(y0, p))
+        summed = lambda y0, p, batch_loss=batch_loss: jax.lax.psum(batch_loss(y0, p), "lanes")
+        specs = dict(in_specs=(P("lanes"), P("lanes")), out_specs=P("lanes"))
+        inside = jax.jit(jax.shard_map(jax.grad(summed, argnums=(0, 1)), mesh=mesh, **specs))
+        reference = jax.jit(jax.grad(batch_loss, argnums=(0, 1)))(y0, params)
+        result[f"{name}/psum"] = relative_difference(inside(y0_s, params_s), reference)
     solve = lambda y0, p: odeckpt.solve(lotka_volterra, y0, (0.0, 5.0), p, throw=False).ys
     forward = jax.shard_map(jax.vmap(solve), mesh=mesh, in_specs=(P("lanes"), P("lanes")),
                             out_specs=P("lanes"))  # fmt: skip
@@ -150,6 +163,54 @@ def check_explicit() -> dict:
     }
 
 
+def check_explicit_cases(cases: list[str]) -> dict:
+    """Every case of `CASES` over a mesh whose axis is `Explicit`: the gradient (`jacfwd` for
+    `ForwardMode`) of each lane, the largest relative difference from one device, and
+    whether the gradient kept the lanes' sharding."""
+    mesh = jax.make_mesh((4,), ("lanes",), axis_types=(AxisType.Explicit,))
+    y0, params = inputs()
+    result = {}
+    for name in cases:
+        case = CASES[name]
+        derivative = jax.jacfwd if case["adjoint"] == "forward" else jax.grad
+        lane = jax.jit(jax.vmap(derivative(loss_of(case), argnums=(0, 1))))
+        plain = lane(y0, params)
+        with jax.set_mesh(mesh):
+            sharded = lane(jax.device_put(y0, P("lanes")), jax.device_put(params, P("lanes")))
+        specs = {str(jax.typeof(g).sharding.spec[0]) for g in jax.tree.leaves(sharded)}
+        result[name] = {"grad": relative_difference(sharded, plain), "lanes": specs == {"lanes"}}
+    return result
+
+
+def check_explicit_programs() -> dict:
+    """`odeckpt.ensemble` and `odeckpt.jit` over a mesh whose axis is `Explicit`: the largest
+    relative difference from one device and the result's sharding; and a failing lane (5 of
+    8) with `throw=True` under `jax.jit` and `odeckpt.jit`: the kind of error and its
+    message."""
+    mesh = jax.make_mesh((4,), ("lanes",), axis_types=(AxisType.Explicit,))
+    y0, params = inputs()
+    solve = jax.vmap(lambda y0, p: odeckpt.solve(lotka_volterra, y0, (0.0, 5.0), p).ys)
+    ensemble = lambda y0, p: odeckpt.ensemble(lotka_volterra, y0, (0.0, 5.0), p).ys
+    programs = {"ensemble": jax.jit(ensemble), "odeckpt.jit": odeckpt.jit(solve)}
+    plain = {name: program(y0, params) for name, program in programs.items()}
+    result = {}
+    with jax.set_mesh(mesh):
+        lanes = lambda x: jax.device_put(x, P("lanes"))
+        for name, program in programs.items():
+            ys = program(lanes(y0), lanes(params))
+            spec = str(jax.typeof(ys).sharding.spec)
+            result[name] = {"difference": relative_difference(ys, plain[name]), "spec": spec}
+        failing = lanes(params.at[5, 0].set(jnp.nan))
+        for compile_ in (jax.jit, odeckpt.jit):
+            try:
+                jax.block_until_ready(compile_(solve)(lanes(y0), failing))
+                raised = {"raised": None, "message": ""}
+            except Exception as error:
+                raised = {"raised": type(error).__name__, "message": str(error)}
+            result[f"{compile_.__module__.split('.')[0]}.jit/throw"] = raised
+    return result
+
+
 def check_throw() -> dict:
     """A failing lane (5 of 8) with `throw=True`, inside `shard_map` and in a batch sharded over
     the devices (`jit` propagating the sharding), under `jax.jit` and under `odeckpt.jit`: the
@@ -183,7 +244,7 @@ def check_throw() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["adjoints", "engine", "explicit", "throw"]
+    names = ["adjoints", "engine", "explicit", "explicit_cases", "explicit_programs", "throw"]
     parser.add_argument("checks", nargs="+", choices=names)
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     options = parser.parse_args(argv)
@@ -192,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         "adjoints": lambda: check_adjoints(options.cases),
         "engine": check_engine,
         "explicit": check_explicit,
+        "explicit_cases": lambda: check_explicit_cases(options.cases),
+        "explicit_programs": check_explicit_programs,
         "throw": check_throw,
     }
     print(json.dumps({name: checks[name]() for name in options.checks}))

@@ -213,7 +213,12 @@ def _out_dims(fun: Callable, vmap: Callable, in_axes, residuals, linear, n_out: 
 
         return note(x)
 
-    marked = lambda residuals, linear: [noted(i, x) for i, x in enumerate(fun(residuals, linear))]
+    # Traced on shapes, which vary over no manual axis of `jax.shard_map`: each input is cast
+    # to vary as the value it stands for does.
+    avals = [jax.typeof(x) for x in residuals], [jax.typeof(x) for x in linear]
+    typed = lambda xs, avals: [varying_as(x, aval) for x, aval in zip(xs, avals, strict=True)]
+    outputs = lambda residuals, linear: fun(typed(residuals, avals[0]), typed(linear, avals[1]))
+    marked = lambda *inputs: [noted(i, x) for i, x in enumerate(outputs(*inputs))]
     structs = lambda xs: [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
     try:
         jax.eval_shape(vmap(marked, in_axes=in_axes), structs(residuals), structs(linear))
