@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _habits as habits, _validate as validate
 from ._adjoints import ADJOINTS, AbstractAdjoint, GradientStats
-from ._autodiff import varying
+from ._autodiff import mesh_of, varying
 from ._checks import count, tightest
 from ._error_norm import below_resolution
 from ._errors import on_host
@@ -145,14 +145,15 @@ def solve(
     ```
     """
     habits.check_call(unexpected_positional, unexpected_keywords)
-    problem, options, invalid = prepare(
-        f, y0, t_span, args, solver=solver, adjoint=adjoint, rtol=rtol, atol=atol, dt0=dt0,
-        controller=controller, saveat=saveat, max_steps=max_steps, throw=throw,
-        progress=progress, event=event, jump_ts=jump_ts, mass_matrix=mass_matrix,
-    )  # fmt: skip
-    solved = validate.with_traced_numbers(
-        args, lambda args: _solve(dataclasses.replace(problem, args=args), options, invalid)
-    )
+    with mesh_of((y0, t_span, args)):  # (arrays on a mesh with `Explicit` axes)
+        problem, options, invalid = prepare(
+            f, y0, t_span, args, solver=solver, adjoint=adjoint, rtol=rtol, atol=atol,
+            dt0=dt0, controller=controller, saveat=saveat, max_steps=max_steps, throw=throw,
+            progress=progress, event=event, jump_ts=jump_ts, mass_matrix=mass_matrix,
+        )  # fmt: skip
+        solved = validate.with_traced_numbers(
+            args, lambda args: _solve(dataclasses.replace(problem, args=args), options, invalid)
+        )
     failure = Failure(
         options.stepper, options.controller, options.max_steps, dict(options.failure_notes)
     )

@@ -14,7 +14,8 @@ It prints one JSON object, `{check: figures}`:
     summed over all lanes with `lax.psum`, as data-parallel training takes it.
 - `engine`: `checkpointed_scan` and `bounded_while_loop` differentiated inside `shard_map`.
 - `explicit`: the lanes sharded over a mesh whose axis is `Explicit` (`jax.jit` propagates the
-    sharding through the types), solve and gradient.
+    sharding through the types), solve and gradient, under `jax.set_mesh` and without it, and
+    the checkpointing engine's gradients.
 - `explicit_cases`: every case of `adjoints` over `Explicit` axes (`--cases` picks them).
 - `explicit_programs`: `odeckpt.ensemble`, `odeckpt.jit` and a failing lane over `Explicit`
     axes.
@@ -118,26 +119,30 @@ def check_adjoints(cases: list[str]) -> dict:
     return result
 
 
+def scan_loss(x):
+    step = lambda c, _: (jnp.sin(c) * x + c, None)
+    final, _ = odeckpt.checkpointing.checkpointed_scan(step, x, None, length=50, checkpoints=4)
+    return final
+
+
+def while_loss(x):
+    body = lambda c: (c[0] + 1, c[1] * (1 + x) + 0.1)
+    _, y = odeckpt.checkpointing.bounded_while_loop(
+        lambda c: c[1] < 100.0, body, (jnp.zeros((), jnp.int32), x), max_steps=64,
+        checkpoints=4,
+    )  # fmt: skip
+    return y
+
+
+ENGINE = {"checkpointed_scan": scan_loss, "bounded_while_loop": while_loss}
+
+
 def check_engine() -> dict:
     mesh = jax.make_mesh((4,), ("lanes",))
     plain = jnp.linspace(0.1, 0.8, LANES)
     xs = jax.device_put(plain, NamedSharding(mesh, P("lanes")))
-
-    def scan_loss(x):
-        step = lambda c, _: (jnp.sin(c) * x + c, None)
-        final, _ = odeckpt.checkpointing.checkpointed_scan(step, x, None, length=50, checkpoints=4)
-        return final
-
-    def while_loss(x):
-        body = lambda c: (c[0] + 1, c[1] * (1 + x) + 0.1)
-        _, y = odeckpt.checkpointing.bounded_while_loop(
-            lambda c: c[1] < 100.0, body, (jnp.zeros((), jnp.int32), x), max_steps=64,
-            checkpoints=4,
-        )  # fmt: skip
-        return y
-
     result = {}
-    for name, loss in (("checkpointed_scan", scan_loss), ("bounded_while_loop", while_loss)):
+    for name, loss in ENGINE.items():
         lane = jax.vmap(jax.grad(loss))
         inside = jax.jit(jax.shard_map(lane, mesh=mesh, in_specs=P("lanes"), out_specs=P("lanes")))
         result[name] = relative_difference(inside(xs), lane(plain))
@@ -156,10 +161,17 @@ def check_explicit() -> dict:
         params_s = jax.device_put(params, P("lanes"))
         ys = jax.jit(solve)(y0_s, params_s)
         grads = jax.jit(lane_grad)(y0_s, params_s)
+    # The same arrays without `jax.set_mesh`: the mesh comes with their types alone.
+    loose = (jax.jit(solve)(y0_s, params_s), jax.jit(lane_grad)(y0_s, params_s))
+    xs = jnp.linspace(0.1, 0.8, LANES)
+    engine = [jax.jit(jax.vmap(jax.grad(loss))) for loss in ENGINE.values()]
+    xs_s = jax.device_put(xs, NamedSharding(mesh, P("lanes")))
     return {
         "solve": relative_difference(ys, plain[0]),
         "grad": relative_difference(grads, plain[1]),
         "ys_spec": str(jax.typeof(ys).sharding.spec),
+        "without_set_mesh": relative_difference(loose, plain),
+        "engine": relative_difference([g(xs_s) for g in engine], [g(xs) for g in engine]),
     }
 
 

@@ -90,9 +90,11 @@ def test_a_failing_lane_raises_naming_it(default_checks, compile_, program):
 
 def test_explicit_axes(default_checks):
     """`jax.jit` of `vmap(solve)` and of `vmap(grad)` over lanes sharded on a mesh whose axis
-    is `Explicit` (the default of `jax.make_mesh`): one device's figures, sharded by lane."""
+    is `Explicit` (the default of `jax.make_mesh`), with and without `jax.set_mesh`, and of
+    the checkpointing engine's gradients: one device's figures, sharded by lane."""
     result = default_checks["explicit"]
     assert result["solve"] <= 1e-12 and result["grad"] <= 1e-12
+    assert result["without_set_mesh"] <= 1e-12 and result["engine"] <= 1e-12
     assert result["ys_spec"] == "P('lanes', None, None)"
 
 

@@ -13,13 +13,15 @@ sharding: `stack` builds its result another way there, and `on_auto_axes` (with 
 lane's entry of a shared table) runs such code with those axes made `Auto`. Without an
 `Explicit` axis in scope each is the plain operation."""
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def manual_axes() -> tuple[str, ...]:
@@ -33,6 +35,36 @@ def explicit_axes() -> tuple[str, ...]:
     the mesh set by `jax.set_mesh` (none outside one)."""
     mesh: Any = jax.sharding.get_abstract_mesh()
     return tuple(getattr(mesh, "explicit_axes", ()))
+
+
+@contextlib.contextmanager
+def mesh_of(tree) -> Iterator[None]:
+    """While active, the mesh that the arrays of `tree` carry in their types is the one in
+    scope, if it has `Explicit` axes and no mesh is in scope: `jax.jit` of arrays placed on
+    such a mesh without `jax.set_mesh` traces with none, where the helpers here need it."""
+    meshes = {
+        jax.typeof(x).sharding.mesh
+        for x in jax.tree.leaves(tree)
+        if eqx.is_array(x) and isinstance(jax.typeof(x).sharding, NamedSharding)
+    }
+    explicit = [m for m in meshes if not m.empty and getattr(m, "explicit_axes", ())]
+    if len(explicit) != 1 or not jax.sharding.get_abstract_mesh().empty:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(explicit[0]):
+        yield
+
+
+def on_mesh_of_inputs(fn: Callable) -> Callable:
+    """`fn`, traced with the mesh its array arguments carry in their types in scope
+    (`mesh_of`): for the public entry points."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with mesh_of((args, kwargs)):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def _cast(x, axes):

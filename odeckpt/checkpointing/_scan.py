@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from .._autodiff import _tree, convert, scan
+from .._autodiff import _tree, convert, on_mesh_of_inputs, scan
 from . import _host, schedules
 from ._loop import EngineLoop, LoopInputs, Stepped
 from ._regimes import check_plan, run
@@ -99,6 +99,7 @@ def scan_plan(
     return plan
 
 
+@on_mesh_of_inputs
 def checkpointed_scan(
     f: Callable, init: Any, xs: Any = None, length: int | None = None, *,
     checkpoints: int | dict[str, int] | None = None,

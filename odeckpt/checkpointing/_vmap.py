@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from .._autodiff import manual_axes, varying, while_loop
+from .._autodiff import manual_axes, on_mesh_of_inputs, varying, while_loop
 
 
 @custom_vmap
@@ -75,6 +75,7 @@ def _lane_running_vmap(axis_size, in_batched, pred):
     return lane_running(pred), False
 
 
+@on_mesh_of_inputs
 def lockstep_while_loop(cond_fun, body_fun, init_val, *, body_masks: bool = False):
     """`jax.lax.while_loop(cond_fun, body_fun, init_val)`, whose predicate stays unbatched under
     `vmap`: the loop runs while any lane's `cond_fun` holds, and a lane whose `cond_fun` no

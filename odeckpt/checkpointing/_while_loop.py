@@ -7,7 +7,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from .._autodiff import _tree
+from .._autodiff import _tree, on_mesh_of_inputs
 from . import _host, schedules
 from ._loop import EngineLoop, LoopInputs
 from ._regimes import check_plan, run
@@ -120,6 +120,7 @@ def _sized_plan(loop: EngineLoop, params, init_val, snapshot_bytes: int, budget:
     return budget.plan(loop.steps, snapshot_bytes, residual_bytes)
 
 
+@on_mesh_of_inputs
 def bounded_while_loop(
     cond_fun: Callable, body_fun: Callable, init_val: Any, *, max_steps: int | None = None,
     checkpoints: int | dict[str, int] | None = None,
