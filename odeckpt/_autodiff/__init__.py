@@ -19,6 +19,7 @@ from ._varying import (
     on_auto_axes as on_auto_axes,
     on_mesh_of_inputs as on_mesh_of_inputs,
     scan as scan,
+    sharded_by_type as sharded_by_type,
     stack as stack,
     switch as switch,
     take as take,

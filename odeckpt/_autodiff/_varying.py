@@ -67,6 +67,13 @@ def on_mesh_of_inputs(fn: Callable) -> Callable:
     return traced
 
 
+def sharded_by_type(x) -> bool:
+    """Whether the array `x` is sharded by its type: over `Explicit` mesh axes in scope."""
+    if not explicit_axes():
+        return False
+    return any(axis is not None for axis in jax.typeof(x).sharding.spec)
+
+
 def _cast(x, axes):
     """The array `x` cast to vary over the mesh axes `axes` too (those it lacks)."""
     if not eqx.is_array(x):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from .._autodiff import cond
+from .._autodiff import cond, sharded_by_type
 from .._types import Scalar, Y
 
 FENCE_MIN_SIZE = 1024
@@ -58,13 +58,15 @@ def fence(t: Scalar, y: Y) -> Y:
         failed the step already) but XLA cannot prove it, so it keeps the `cond`.
     - `y`: the stage state, any pytree.
 
-    **Returns:** `y`, bit for bit.
+    **Returns:** `y`, bit for bit. (Not fenced: a leaf sharded by its type over `Explicit` mesh
+    axes, whose element the fence rewrites would be a slice of a sharded axis, which JAX's
+    sharding rules refuse.)
     """
     t = jax.lax.stop_gradient(jnp.asarray(t))
     keep = t == t
 
     def leaf(x):
-        if jnp.size(x) < FENCE_MIN_SIZE:
+        if jnp.size(x) < FENCE_MIN_SIZE or sharded_by_type(x):
             return x
         return _fence(keep, x)
 
