@@ -17,6 +17,11 @@ It prints one JSON object, `{check: figures}`, of the figures `test_sharding.py`
     RK4 (constant steps) and Tsit5 (adaptive), and differentiated with
     `RecursiveCheckpointAdjoint(checkpoints=8)`: the same figures, plus the per-device shape of
     the snapshot buffer found in the compiled gradient.
+- `grid_explicit`: the grid under `jax.set_mesh` over an `Explicit` axis `('x',)` (shardings in
+    the types), with a field whose differences run along the unsharded axis only (`jnp.roll`
+    along a sharded axis is not implemented for `Explicit` axes in JAX itself): solve and
+    gradient with `checkpoints=8` and with the default adjoint, against one device, the specs
+    in the types, and the collectives beside those of the same programs on an `Auto` axis.
 - `worker`: one of several processes joined by `jax.distributed` (2 CPU devices each, gloo
     collectives): the ensemble on a global mesh, each process checking its own lanes against
     an unsharded solve of them, and the error of a failing lane (every process raises).
@@ -29,7 +34,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from problems import lotka_volterra
 
 import odeckpt
@@ -176,6 +181,72 @@ def check_grid(solvers: list[str]) -> dict:
     return results
 
 
+def row_diffusion(t, u, args):
+    """`du/dt = D * d2u/dx2 - k * u**3` along the rows of a periodic grid (differences along the
+    second, unsharded axis only; spacing 1/n, D scaled by 1/100)."""
+    diffusion, reaction = args
+    n = u.shape[1]
+    second = jnp.roll(u, 1, 1) + jnp.roll(u, -1, 1) - 2 * u
+    return diffusion * (n * n / 100) * second - reaction * u**3
+
+
+def explicit_solve(u0, args, solver: str, adjoint: str):
+    """The grid of `row_diffusion`, with `checkpoints=8` or the default adjoint."""
+    chosen = dict(
+        checkpoints=odeckpt.RecursiveCheckpointAdjoint(checkpoints=CHECKPOINTS),
+        default=odeckpt.RecursiveCheckpointAdjoint(),
+    )[adjoint]
+    kwargs = GRID_SOLVERS[solver]
+    return odeckpt.solve(
+        row_diffusion, u0, (0.0, 0.5), args, adjoint=chosen, max_steps=256, **kwargs
+    )
+
+
+def state_stacks(compiled_text: str, n: int) -> dict[str, list[str]]:
+    """The stacks of states (`[k, rows, n]`) in a compiled program: those a device holds a
+    block of rows of (`rows = n / devices`), and whole ones (`rows = n`)."""
+    rows = n // jax.device_count()
+    found = lambda rows: sorted(set(re.findall(rf"f64\[\d+,{rows},{n}\]", compiled_text)))
+    return {"per_device_stacks": found(rows), "full_stacks": found(n)}
+
+
+def check_grid_explicit(solvers: list[str]) -> dict:
+    devices = jax.device_count()
+    explicit = jax.make_mesh((devices,), ("x",), axis_types=(AxisType.Explicit,))
+    auto = jax.make_mesh((devices,), ("x",), axis_types=(AxisType.Auto,))
+    u0 = jnp.asarray(grid_initial_state())
+    args = (jnp.asarray(0.1), jnp.asarray(1.0))
+    results = {"devices": devices}
+    for name in solvers:
+        for adjoint in ("checkpoints", "default"):
+            solve = jax.jit(lambda u, a, s=name, j=adjoint: explicit_solve(u, a, s, j))
+            loss = lambda u, a, s=name, j=adjoint: jnp.sum(explicit_solve(u, a, s, j).ys ** 2)
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+            plain, g_plain = solve(u0, args), grad(u0, args)
+            with jax.set_mesh(explicit):
+                u0_s = jax.device_put(u0, PartitionSpec("x", None))
+                sharded, (g_u, g_args) = solve(u0_s, args), grad(u0_s, args)
+                solve_text = solve.lower(u0_s, args).compile().as_text()
+                grad_text = grad.lower(u0_s, args).compile().as_text()
+            u0_auto = jax.device_put(u0, NamedSharding(auto, PartitionSpec("x", None)))
+            auto_text = grad.lower(u0_auto, args).compile().as_text()
+            results[f"{name}_{adjoint}"] = {
+                "ys_rel_diff": relative_difference(sharded.ys, plain.ys),
+                "steps": [int(sharded.stats.num_steps), int(plain.stats.num_steps)],
+                "ys_type_spec": str(jax.typeof(sharded.ys).sharding.spec),
+                "ys_sharded": sharded_as(sharded.ys, explicit, None, "x", None),
+                "grad_rel_diff": relative_difference((g_u, g_args), g_plain),
+                "grad_type_spec": str(jax.typeof(g_u).sharding.spec),
+                "grad_sharded": sharded_as(g_u, explicit, "x", None),
+                "solve_collectives": collectives(solve_text),
+                "grad_collectives": collectives(grad_text),
+                "auto_grad_collectives": collectives(auto_text),
+                **state_stacks(grad_text, GRID),
+                **snapshot_shapes(grad_text, GRID),
+            }
+    return results
+
+
 # ----------------------------------------------------------------------------- processes
 
 
@@ -233,7 +304,9 @@ def failing_lane(solve, y0: jax.Array, params: jax.Array) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checks", nargs="+", choices=["ensemble", "grid", "worker"])
+    parser.add_argument(
+        "checks", nargs="+", choices=["ensemble", "grid", "grid_explicit", "worker"]
+    )
     parser.add_argument("--solvers", nargs="+", choices=list(GRID_SOLVERS), default=["rk4"])
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--num-processes", type=int, default=2)
@@ -244,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     checks = {
         "ensemble": check_ensemble,
         "grid": lambda: check_grid(options.solvers),
+        "grid_explicit": lambda: check_grid_explicit(options.solvers),
         "worker": lambda: check_worker(options.process_id, options.num_processes, options.port),
     }
     print(json.dumps({name: checks[name]() for name in options.checks}))

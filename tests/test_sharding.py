@@ -4,8 +4,9 @@ sharding; the same across two processes joined by `jax.distributed`.
 The device count must be set before JAX starts its backend, so the checks run in fresh processes
 (`sharded_checks.py`) with `XLA_FLAGS=--xla_force_host_platform_device_count=4`; this file
 asserts on the figures they print. The default run checks the ensemble (about 30 s of CPU
-time); the grids (constant and adaptive steps, their checkpoints sharded) and the two-process
-run (each process compiling the solve and its gradient twice) are `slow`.
+time); the grids (constant and adaptive steps, their checkpoints sharded; also over an
+`Explicit` mesh axis) and the two-process run (each process compiling the solve and its
+gradient twice) are `slow`.
 """
 
 import json
@@ -141,3 +142,35 @@ def test_ensemble_across_processes(tmp_path):
         assert result["grad_rel_diff"] <= 1e-12
         # A NaN parameter in lane 5 (on process 1): both processes raise, naming it.
         assert "Lane 5 of 8 failed: The vector field is NaN" in result["failing_lane"], result
+
+
+@pytest.mark.slow
+def test_sharded_grid_explicit_axes():
+    """A 64x64 state sharded `P('x', None)` over an `Explicit` mesh axis (`jax.set_mesh`:
+    shardings in the types), RK4 and Tsit5, with `checkpoints=8` and the default adjoint:
+    solve and gradient equal one device's, `ys` and the gradient are sharded in their types,
+    and every stack of states (snapshots, saved outputs) is kept per device, `[k, 16, 64]`,
+    with no gather (no more collectives than the same gradient on an `Auto` axis)."""
+    results = run_checks("grid_explicit", "--solvers", "rk4", "tsit5")["grid_explicit"]
+    assert results.pop("devices") == 4
+    assert sorted(results) == [
+        "rk4_checkpoints", "rk4_default", "tsit5_checkpoints", "tsit5_default",
+    ]  # fmt: skip
+    for name, result in results.items():
+        assert result["steps"][0] == result["steps"][1], name
+        assert result["ys_rel_diff"] <= 1e-12, name
+        assert result["grad_rel_diff"] <= 1e-12, name
+        assert result["ys_type_spec"] == "P(None, 'x', None)" and result["ys_sharded"], name
+        assert result["grad_type_spec"] == "P('x', None)" and result["grad_sharded"], name
+        for counts in (result["solve_collectives"], result["grad_collectives"]):
+            assert_no_gathers(counts)
+            assert counts["collective-permute"] == 0, (name, counts)
+        assert all(
+            result["grad_collectives"][op] <= result["auto_grad_collectives"][op]
+            for op in NO_GATHER | {"all-reduce": 0}
+        ), (name, result["grad_collectives"], result["auto_grad_collectives"])
+        assert result["per_device_stacks"] and not result["full_stacks"], name
+    # `checkpoints=8`: each device holds its [8, 16, 64] block of the snapshots.
+    for name in ("rk4_checkpoints", "tsit5_checkpoints"):
+        assert "f64[8,16,64]" in results[name]["per_device_stacks"], name
+        assert results[name]["per_device_snapshots"] and not results[name]["full_snapshots"]

@@ -13,7 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import _tree
 from ._linear import NoForwardMode, linear_call
-from ._varying import closure_convert, varying_like
+from ._varying import closure_convert, filled, varying_like
 
 
 class Sweeps(NamedTuple):
@@ -229,9 +229,8 @@ def _zero(x):
     `jax.ShapeDtypeStruct`): float0 for leaves that are not inexact, `None` for `None`."""
     if x is None:
         return None
-    dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
     if _tree.is_inexact(x):
-        return jnp.zeros(jnp.shape(x), dtype)
+        return filled(x)
     return np.zeros(jnp.shape(x), jax.dtypes.float0)
 
 

@@ -22,7 +22,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import PartitionSpec as P
 
-from ._varying import varying_as
+from ._varying import filled, sharding_of, varying_as
 
 linear_p = Primitive("odeckpt_checkpointed_linear")
 linear_p.multiple_results = True
@@ -43,7 +43,10 @@ def linear_call(
     residuals, linear = list(residuals), list(linear)
     if out_avals is None:
         out_avals = cast(list[jax.ShapeDtypeStruct], jax.eval_shape(fun, residuals, linear))
-    lin_avals = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in linear]
+    lin_avals = [
+        jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=sharding_of(x))
+        for x in linear
+    ]
     return linear_p.bind(
         *residuals, *linear, fun=fun, fun_t=fun_t, n_res=len(residuals),
         out_avals=tuple(_shaped(a) for a in out_avals),
@@ -98,7 +101,9 @@ def forward_only(tree: Any, error: Exception) -> Any:
 
 
 def _shaped(x):
-    return jax.core.ShapedArray(tuple(x.shape), x.dtype)
+    """The abstract value of `x`'s shape and dtype, sharded as its type is over `Explicit`
+    mesh axes in scope (`sharding_of`)."""
+    return jax.core.ShapedArray(tuple(x.shape), x.dtype, sharding=sharding_of(x))
 
 
 def _impl(*args, fun, fun_t, n_res, out_avals, lin_avals):
@@ -122,10 +127,7 @@ def _transpose(cts, *args, fun, fun_t, n_res, out_avals, lin_avals):
     residuals = args[:n_res]
     if any(ad.is_undefined_primal(r) for r in residuals):
         raise NotImplementedError("internal error: checkpointed loop residuals are not primal")
-    cts = [
-        jnp.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct
-        for ct, a in zip(cts, out_avals, strict=True)
-    ]
+    cts = [filled(a) if type(ct) is ad.Zero else ct for ct, a in zip(cts, out_avals, strict=True)]
     linear = args[n_res:]
     cts = fun_t(list(residuals), cts)
     # Inside `jax.shard_map` each cotangent varies over the mesh axes its input varies over.
@@ -141,7 +143,7 @@ def _jvp(primals, tangents, *, fun, fun_t, n_res, out_avals, lin_avals):
     residuals, linear = list(primals[:n_res]), list(primals[n_res:])
     out = linear_p.bind(*primals, **params)
     lin_t = [
-        jnp.zeros(a.shape, a.dtype) if type(t) is ad.Zero else t
+        filled(a) if type(t) is ad.Zero else t
         for t, a in zip(tangents[n_res:], lin_avals, strict=True)
     ]
     out_t = linear_p.bind(*residuals, *lin_t, **params)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._varying import on_mesh
+from ._varying import filled, on_mesh
 
 
 def is_inexact(x) -> bool:
@@ -92,8 +92,8 @@ def update(tree, value, i):
 
 
 def stack_zeros(tree, length):
-    """Zeros of shape `[length, *leaf.shape]` for each leaf."""
-    return jtu.tree_map(lambda a: jnp.zeros((length, *jnp.shape(a)), jnp.result_type(a)), tree)
+    """Zeros of shape `[length, *leaf.shape]` for each leaf (sharded like it: `filled`)."""
+    return jtu.tree_map(lambda a: filled(a, 0, length), tree)
 
 
 def add(a, b):

@@ -101,6 +101,37 @@ def on_mesh(tree):
     return jax.tree.map(_on_mesh, tree)
 
 
+def sharding_of(x) -> NamedSharding | None:
+    """The sharding that the type of `x` (an array, a `jax.ShapeDtypeStruct` or an abstract
+    value) carries over the `Explicit` mesh axes in scope, on the mesh in scope; `None` where
+    it is sharded over none of them (or none is in scope)."""
+    if not explicit_axes():
+        return None
+    aval = jax.typeof(x) if eqx.is_array(x) else x
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", None) or ())
+    if all(axis is None for axis in spec):
+        return None
+    return NamedSharding(jax.sharding.get_abstract_mesh(), PartitionSpec(*spec))
+
+
+def filled(x, fill_value=0, rows: int | None = None) -> jax.Array:
+    """An array of the dtype of `x` (an array, a `jax.ShapeDtypeStruct` or an abstract value)
+    holding `fill_value`, of its shape, or with `rows` rows of it (`[rows, *x.shape]`: a
+    buffer of states like `x`).
+
+    Where `x` is sharded by its type over `Explicit` mesh axes in scope (`sharding_of`), so
+    is the result, along the axes of `x` (a buffer gets a leading `None`): a row of `x`
+    written into such a buffer, or a zero standing for a cotangent of `x`, then has the type
+    of `x`, and no device holds the whole of it. Elsewhere it is the plain `jnp.full`."""
+    shape = tuple(jnp.shape(x)) if rows is None else (rows, *jnp.shape(x))
+    dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
+    sharding = sharding_of(x)
+    if sharding is None:
+        return jnp.full(shape, fill_value, dtype)
+    spec = sharding.spec if rows is None else PartitionSpec(None, *sharding.spec)
+    return jnp.full(shape, fill_value, dtype, out_sharding=spec)
+
+
 def varying(tree):
     """`tree` with every array cast to vary over all the manual mesh axes in scope (inside
     `jax.shard_map`) and placed on the mesh if it is on none (`on_mesh`); unchanged
