@@ -22,6 +22,9 @@ It prints one JSON object, `{check: figures}`, of the figures `test_sharding.py`
     along a sharded axis is not implemented for `Explicit` axes in JAX itself): solve and
     gradient with `checkpoints=8` and with the default adjoint, against one device, the specs
     in the types, and the collectives beside those of the same programs on an `Auto` axis.
+- `grid_explicit_implicit`: a 16x16 grid of that field over the `Explicit` axis, with the
+    implicit steppers (Radau5, Kvaerno5, BDF, Rodas5; their dense LU algebra replicated):
+    solve and gradient (default adjoint) against one device, and the specs in the types.
 - `worker`: one of several processes joined by `jax.distributed` (2 CPU devices each, gloo
     collectives): the ensemble on a global mesh, each process checking its own lanes against
     an unsharded solve of them, and the error of a failing lane (every process raises).
@@ -247,6 +250,50 @@ def check_grid_explicit(solvers: list[str]) -> dict:
     return results
 
 
+IMPLICIT_GRID = 16
+IMPLICIT_SOLVERS = ("radau", "kvaerno5", "bdf", "rodas5")
+
+
+def implicit_solve(u0, args, solver: str):
+    """The grid of `row_diffusion` (mildly stiff: `D n^2 / 100` with `D = 1`) with an implicit
+    stepper and the default adjoint."""
+    return odeckpt.solve(
+        row_diffusion, u0, (0.0, 0.5), args, solver=solver, rtol=1e-8, atol=1e-8, max_steps=512
+    )
+
+
+def check_grid_explicit_implicit(solvers: list[str]) -> dict:
+    """The implicit steppers on a 16x16 state sharded `P('x', None)` over an `Explicit` axis:
+    solve and gradient (default adjoint) against one device, and the specs in the types."""
+    devices = jax.device_count()
+    explicit = jax.make_mesh((devices,), ("x",), axis_types=(AxisType.Explicit,))
+    u0 = jnp.asarray(grid_initial_state(IMPLICIT_GRID))
+    args = (jnp.asarray(1.0), jnp.asarray(1.0))
+    results = {"devices": devices}
+    for name in solvers:
+        solve = jax.jit(lambda u, a, s=name: implicit_solve(u, a, s))
+        loss = lambda u, a, s=name: jnp.sum(implicit_solve(u, a, s).ys ** 2)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        plain, g_plain = solve(u0, args), grad(u0, args)
+        with jax.set_mesh(explicit):
+            u0_s = jax.device_put(u0, PartitionSpec("x", None))
+            sharded, (g_u, g_args) = solve(u0_s, args), grad(u0_s, args)
+            solve_text = solve.lower(u0_s, args).compile().as_text()
+            grad_text = grad.lower(u0_s, args).compile().as_text()
+        results[name] = {
+            "ys_rel_diff": relative_difference(sharded.ys, plain.ys),
+            "steps": [int(sharded.stats.num_steps), int(plain.stats.num_steps)],
+            "ys_type_spec": str(jax.typeof(sharded.ys).sharding.spec),
+            "ys_sharded": sharded_as(sharded.ys, explicit, None, "x", None),
+            "grad_rel_diff": relative_difference((g_u, g_args), g_plain),
+            "grad_type_spec": str(jax.typeof(g_u).sharding.spec),
+            "grad_sharded": sharded_as(g_u, explicit, "x", None),
+            "solve_collectives": collectives(solve_text),
+            "grad_collectives": collectives(grad_text),
+        }
+    return results
+
+
 # ----------------------------------------------------------------------------- processes
 
 
@@ -305,9 +352,14 @@ def failing_lane(solve, y0: jax.Array, params: jax.Array) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "checks", nargs="+", choices=["ensemble", "grid", "grid_explicit", "worker"]
+        "checks",
+        nargs="+",
+        choices=["ensemble", "grid", "grid_explicit", "grid_explicit_implicit", "worker"],
     )
     parser.add_argument("--solvers", nargs="+", choices=list(GRID_SOLVERS), default=["rk4"])
+    parser.add_argument(
+        "--implicit", nargs="+", choices=IMPLICIT_SOLVERS, default=list(IMPLICIT_SOLVERS)
+    )
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--num-processes", type=int, default=2)
     parser.add_argument("--port", type=int, default=0)
@@ -318,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         "ensemble": check_ensemble,
         "grid": lambda: check_grid(options.solvers),
         "grid_explicit": lambda: check_grid_explicit(options.solvers),
+        "grid_explicit_implicit": lambda: check_grid_explicit_implicit(options.implicit),
         "worker": lambda: check_worker(options.process_id, options.num_processes, options.port),
     }
     print(json.dumps({name: checks[name]() for name in options.checks}))

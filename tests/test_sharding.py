@@ -174,3 +174,22 @@ def test_sharded_grid_explicit_axes():
     for name in ("rk4_checkpoints", "tsit5_checkpoints"):
         assert "f64[8,16,64]" in results[name]["per_device_stacks"], name
         assert results[name]["per_device_snapshots"] and not results[name]["full_snapshots"]
+
+
+@pytest.mark.slow
+def test_sharded_grid_explicit_axes_implicit_steppers():
+    """A 16x16 state sharded `P('x', None)` over an `Explicit` mesh axis, with Radau5,
+    Kvaerno5, BDF and Rodas5 (rtol = atol = 1e-8, default adjoint): solve and gradient equal
+    one device's to rounding, with the same steps, and `ys` and the gradient are sharded in
+    their types. (Their dense LU algebra runs replicated: gathers are expected here.)"""
+    results = run_checks("grid_explicit_implicit")["grid_explicit_implicit"]
+    assert results.pop("devices") == 4
+    assert sorted(results) == ["bdf", "kvaerno5", "radau", "rodas5"]
+    for name, result in results.items():
+        assert result["steps"][0] == result["steps"][1], name
+        assert result["ys_rel_diff"] <= 1e-10, name
+        assert result["grad_rel_diff"] <= 1e-10, name
+        assert result["ys_type_spec"] == "P(None, 'x', None)" and result["ys_sharded"], name
+        assert result["grad_type_spec"] == "P('x', None)" and result["grad_sharded"], name
+        for counts in (result["solve_collectives"], result["grad_collectives"]):
+            assert counts["all-to-all"] == 0 and counts["collective-permute"] == 0, (name, counts)

@@ -132,6 +132,28 @@ def filled(x, fill_value=0, rows: int | None = None) -> jax.Array:
     return jnp.full(shape, fill_value, dtype, out_sharding=spec)
 
 
+def replicated(x) -> jax.Array:
+    """The array `x` replicated over the `Explicit` mesh axes in scope where its type shards it
+    over them (`sharding_of`; an all-gather), for an operation JAX only runs on whole arrays
+    (the LU factorisation of a Jacobian, a solve with its factors); `x` elsewhere."""
+    if sharding_of(x) is None:
+        return x
+    return jax.sharding.reshard(x, PartitionSpec())
+
+
+def like(x, template) -> jax.Array:
+    """The array `x` sharded like `template` where the type of `template` shards it over the
+    `Explicit` mesh axes in scope (`sharding_of`), `x` having the shape of `template` or
+    leading axes more (rows of arrays like it, those axes unsharded): the solution of a
+    replicated solve given back the sharding of its right-hand side (each device keeps its
+    block: no collective). `x` elsewhere."""
+    sharding = sharding_of(template)
+    if sharding is None:
+        return x
+    spec = (*sharding.spec, *[None] * (jnp.ndim(template) - len(sharding.spec)))
+    return jax.sharding.reshard(x, PartitionSpec(*[None] * (x.ndim - len(spec)), *spec))
+
+
 def varying(tree):
     """`tree` with every array cast to vary over all the manual mesh axes in scope (inside
     `jax.shard_map`) and placed on the mesh if it is on none (`on_mesh`); unchanged

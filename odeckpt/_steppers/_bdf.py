@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._autodiff import filled
 from .._real_coordinates import RealCoordinates
 from .._types import Args, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -232,7 +233,7 @@ class BDF(AbstractMassMatrix, AbstractProposer):
         implicit = ImplicitState.initial(self.newton, f, t0, y0, args)
         coordinates, y0_flat = RealCoordinates.make(y0)
         slope = implicit.f if self.mass is None else self.slope(f, t0, y0, args)
-        differences = jnp.zeros((MAX_ORDER + 3, y0_flat.shape[0]), y0_flat.dtype)
+        differences = filled(y0_flat, 0, rows=MAX_ORDER + 3)
         differences = differences.at[0].set(y0_flat).at[1].set(coordinates.ravel(slope))
         return BDFState(
             implicit=implicit,

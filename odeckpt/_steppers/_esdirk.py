@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._autodiff import scan
+from .._autodiff import filled, scan
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -130,7 +130,7 @@ class AbstractESDIRK(AbstractImplicit):
         scale = newton.scale(field.coordinates, y0_flat)
         dtype = y0_flat.dtype
         s = tableau.num_stages
-        ks = jnp.zeros((s, y0_flat.shape[0]), dtype).at[0].set(field.ravel(state.f))
+        ks = filled(y0_flat, 0, rows=s).at[0].set(field.ravel(state.f))
 
         # The implicit stages as one scan (traced once, not once per stage: compile time).
         def stage(carry: _StageCarry, i) -> tuple[_StageCarry, Array]:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._autodiff import cond, on_auto_axes
+from .._autodiff import cond, filled, like, on_auto_axes, replicated
 from .._real_coordinates import RealCoordinates
 from .._types import Args, BoolScalar, IntScalar, Scalar, VectorField, Y
 from ._base import Step
@@ -78,14 +78,14 @@ class Collocation(AbstractSystem):
     a: Array
 
     def _values(self, z: Array) -> Array:
-        return self.y0[None] + z.reshape(3, -1)
+        return self.y0[None] + like(z.reshape(3, -1), self.y0)
 
     def residual(self, z: Array) -> Array:
         derivatives = jax.vmap(self.field, in_axes=(0, 0, None))(
             self.ts, self._values(z), self.args
         )
         h = jnp.asarray(self.h, z.dtype)
-        return (self.field.mass_times(z.reshape(3, -1)) - h * (self.a @ derivatives)).reshape(-1)
+        return _flat(self.field.mass_times(z.reshape(3, -1)) - h * (self.a @ derivatives))
 
     def matrix(self, z: Array) -> Array:
         at = lambda t, y: exact_jacobian(self.field, t, y, self.args)
@@ -102,7 +102,7 @@ class Collocation(AbstractSystem):
         return 3 * self.field.coordinates.num_components
 
     def modulus(self, z: Array) -> Array:
-        return jax.vmap(self.field.coordinates.modulus)(self._values(z)).reshape(-1)
+        return _flat(jax.vmap(self.field.coordinates.modulus)(self._values(z)))
 
 
 class Stages(eqx.Module):
@@ -209,7 +209,7 @@ class Radau5(AbstractMassMatrix, AbstractProposer):
         _, y0_flat = RealCoordinates.make(y0)
         return RadauState(
             implicit=ImplicitState.initial(self.newton, f, t0, y0, args, with_complex=True),
-            collocation=jnp.zeros((3, y0_flat.shape[0]), y0_flat.dtype),
+            collocation=filled(y0_flat, 0, rows=3),
             h=jnp.zeros((), t0.dtype),
             error=jnp.ones((), t0.dtype),
             retry=jnp.array(True),
@@ -278,10 +278,10 @@ class Radau5(AbstractMassMatrix, AbstractProposer):
         ts = jnp.where(c == 1, t1, t0 + c * h)
         system = Collocation(field, ts, h, y0, args, jnp.asarray(tableau.a, y0.dtype))
         transformed = dataclasses.replace(prepared, solve=_transformed_solve(prepared, tableau))
-        scale = jnp.tile(newton.scale(field.coordinates, y0), 3)
-        guess = _starting_values(tableau, state, h).reshape(-1)
+        scale = jnp.tile(replicated(newton.scale(field.coordinates, y0)), 3)
+        guess = _flat(_starting_values(tableau, state, h))
         z, info = newton.solve(system, guess, transformed, scale, state.implicit.eta)
-        return Stages(system, z.reshape(3, -1), info, prepared)
+        return Stages(system, like(z.reshape(3, -1), y0), info, prepared)
 
     def _estimate(self, solved: Stages, t0: Scalar, y0: Y, y1: Y, state: RadauState) -> Estimate:
         """Hairer and Wanner's error estimate `(I - h gamma J)^{-1} (h gamma f(t0, y0) + gamma
@@ -346,6 +346,14 @@ def _transformed_solve(prepared: Prepared, tableau: CollocationTableau) -> Calla
         return (transform.astype(r.dtype) @ dw).reshape(-1)
 
     return solve
+
+
+def _flat(rows: Array) -> Array:
+    """`rows.reshape(-1)`: the stages' vectors stacked into one, replicated where they are
+    sharded by their type over `Explicit` mesh axes (JAX's sharding rule of a reshape has no
+    case for merging into a sharded minor axis; the Newton iteration then runs on the whole
+    stacked vector, each field evaluation sharded again: `Collocation._values`)."""
+    return replicated(rows).reshape(-1)
 
 
 def _starting_values(tableau: CollocationTableau, state: RadauState, h: Scalar) -> Array:

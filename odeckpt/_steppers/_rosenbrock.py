@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array
 
@@ -15,7 +14,7 @@ from .._types import Args, Scalar, VectorField, Y
 from ._base import Step
 from ._explicit_rk import combine, stage_time
 from ._mass import AbstractMassMatrix, FlatMass
-from ._newton import FlatField, Jacobian, lu_solver, no_grad
+from ._newton import FlatField, Jacobian, lu_solve, lu_solver, no_grad
 from ._tableau import frozen
 
 # equinox's documented import: pyright reads `eqx.AbstractClassVar` as an instance field, so
@@ -230,7 +229,7 @@ def _stage_solvers(
         u = solve(rhs)
         frozen_u = jax.lax.stop_gradient(u)
         residual = jax.lax.stop_gradient(rhs - field.mass_times(u)) + hg * jvp(frozen_u)
-        return u + jsl.lu_solve(lu_and_pivots, residual)
+        return u + lu_solve(lu_and_pivots, residual)
 
     return solve, refined_solve
 

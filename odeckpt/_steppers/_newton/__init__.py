@@ -11,7 +11,11 @@ from ._base import (
 )
 from ._chord import Newton as Newton
 from ._krylov import NewtonKrylov as NewtonKrylov
-from ._linear import lu_solver as lu_solver, same_step_size as same_step_size
+from ._linear import (
+    lu_solve as lu_solve,
+    lu_solver as lu_solver,
+    same_step_size as same_step_size,
+)
 from ._system import (
     AbstractSystem as AbstractSystem,
     FlatField as FlatField,

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jaxtyping import Array
 
+from ..._autodiff import like, replicated
 from ..._types import BoolScalar, Scalar
 
 
@@ -33,7 +34,14 @@ class ShiftedLU(eqx.Module):
 
     def solve(self, rhs: Array) -> Array:
         """`(I - s J)^{-1} rhs` (`(M - s J)^{-1} rhs`)."""
-        return jsl.lu_solve((self.lu, self.pivots), rhs.astype(self.lu.dtype))
+        return lu_solve((self.lu, self.pivots), rhs.astype(self.lu.dtype))
+
+
+def lu_solve(factors: tuple[Array, Array], rhs: Array, trans: int = 0) -> Array:
+    """`jax.scipy.linalg.lu_solve(factors, rhs, trans)`, sharded like `rhs`: where the type of
+    `rhs` shards it over `Explicit` mesh axes, solved on the whole (`replicated`) vector,
+    whose solution each device then keeps its block of (`like`)."""
+    return like(jsl.lu_solve(factors, replicated(rhs), trans=trans), rhs)
 
 
 def same_step_size(h: Scalar, reference: Scalar) -> BoolScalar:
@@ -60,10 +68,11 @@ class LUSolver(eqx.Module):
 
     def __call__(self, rhs: Array) -> Array:
         return jax.lax.custom_linear_solve(
-            lambda v: self.matrix @ v,
+            # (over `Explicit` mesh axes, on the whole vector, sharded back like it: `lu_solve`)
+            lambda v: like(self.matrix @ replicated(v), v),
             rhs,
-            lambda _, b: jsl.lu_solve(self.factors, b),
-            transpose_solve=lambda _, b: jsl.lu_solve(self.factors, b, trans=1),
+            lambda _, b: lu_solve(self.factors, b),
+            transpose_solve=lambda _, b: lu_solve(self.factors, b, trans=1),
         )
 
 

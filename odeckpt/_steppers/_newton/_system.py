@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from ..._autodiff import closure_convert
+from ..._autodiff import closure_convert, replicated
 from ..._real_coordinates import RealCoordinates
 from ..._types import Args, Scalar, VectorField, Y
 
@@ -85,8 +85,9 @@ class FlatField(eqx.Module):
 
 
 def exact_jacobian(field: FlatField, t: Scalar, z: Array, args: Args) -> Array:
-    """`df/dz` of `field` at `(t, z)`, by `jax.jacfwd`."""
-    return jax.jacfwd(field, argnums=1)(t, z, args)
+    """`df/dz` of `field` at `(t, z)`, by `jax.jacfwd`; replicated where `z` is sharded by its
+    type over `Explicit` mesh axes (its LU factors need the whole matrix: `replicated`)."""
+    return replicated(jax.jacfwd(field, argnums=1)(t, z, args))
 
 
 class Jacobian(eqx.Module):
@@ -106,7 +107,7 @@ class Jacobian(eqx.Module):
     def __call__(self, field: FlatField, t: Scalar, z: Array, args: Args) -> Array:
         if self.jac is None:
             return exact_jacobian(field, t, z, args)
-        out = jnp.asarray(self.jac(t, field.unravel(z), args))
+        out = replicated(jnp.asarray(self.jac(t, field.unravel(z), args)))
         coordinates = field.coordinates
         m, n = z.shape[0], coordinates.num_components
         if out.shape == (m, m):
