@@ -225,29 +225,39 @@ def check_grid_explicit(solvers: list[str]) -> dict:
             solve = jax.jit(lambda u, a, s=name, j=adjoint: explicit_solve(u, a, s, j))
             loss = lambda u, a, s=name, j=adjoint: jnp.sum(explicit_solve(u, a, s, j).ys ** 2)
             grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-            plain, g_plain = solve(u0, args), grad(u0, args)
-            with jax.set_mesh(explicit):
-                u0_s = jax.device_put(u0, PartitionSpec("x", None))
-                sharded, (g_u, g_args) = solve(u0_s, args), grad(u0_s, args)
-                solve_text = solve.lower(u0_s, args).compile().as_text()
-                grad_text = grad.lower(u0_s, args).compile().as_text()
+            figures, grad_text = explicit_figures(solve, grad, u0, args, explicit)
             u0_auto = jax.device_put(u0, NamedSharding(auto, PartitionSpec("x", None)))
             auto_text = grad.lower(u0_auto, args).compile().as_text()
             results[f"{name}_{adjoint}"] = {
-                "ys_rel_diff": relative_difference(sharded.ys, plain.ys),
-                "steps": [int(sharded.stats.num_steps), int(plain.stats.num_steps)],
-                "ys_type_spec": str(jax.typeof(sharded.ys).sharding.spec),
-                "ys_sharded": sharded_as(sharded.ys, explicit, None, "x", None),
-                "grad_rel_diff": relative_difference((g_u, g_args), g_plain),
-                "grad_type_spec": str(jax.typeof(g_u).sharding.spec),
-                "grad_sharded": sharded_as(g_u, explicit, "x", None),
-                "solve_collectives": collectives(solve_text),
-                "grad_collectives": collectives(grad_text),
+                **figures,
                 "auto_grad_collectives": collectives(auto_text),
                 **state_stacks(grad_text, GRID),
                 **snapshot_shapes(grad_text, GRID),
             }
     return results
+
+
+def explicit_figures(solve, grad, u0, args, mesh) -> tuple[dict, str]:
+    """`solve` and `grad` of `u0` on one device and sharded `P('x', None)` over the `Explicit`
+    `mesh`: their differences, steps, specs and collectives, and the compiled gradient."""
+    plain, g_plain = solve(u0, args), grad(u0, args)
+    with jax.set_mesh(mesh):
+        u0_s = jax.device_put(u0, PartitionSpec("x", None))
+        sharded, (g_u, g_args) = solve(u0_s, args), grad(u0_s, args)
+        solve_text = solve.lower(u0_s, args).compile().as_text()
+        grad_text = grad.lower(u0_s, args).compile().as_text()
+    figures = {
+        "ys_rel_diff": relative_difference(sharded.ys, plain.ys),
+        "steps": [int(sharded.stats.num_steps), int(plain.stats.num_steps)],
+        "ys_type_spec": str(jax.typeof(sharded.ys).sharding.spec),
+        "ys_sharded": sharded_as(sharded.ys, mesh, None, "x", None),
+        "grad_rel_diff": relative_difference((g_u, g_args), g_plain),
+        "grad_type_spec": str(jax.typeof(g_u).sharding.spec),
+        "grad_sharded": sharded_as(g_u, mesh, "x", None),
+        "solve_collectives": collectives(solve_text),
+        "grad_collectives": collectives(grad_text),
+    }
+    return figures, grad_text
 
 
 IMPLICIT_GRID = 16
@@ -274,23 +284,7 @@ def check_grid_explicit_implicit(solvers: list[str]) -> dict:
         solve = jax.jit(lambda u, a, s=name: implicit_solve(u, a, s))
         loss = lambda u, a, s=name: jnp.sum(implicit_solve(u, a, s).ys ** 2)
         grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-        plain, g_plain = solve(u0, args), grad(u0, args)
-        with jax.set_mesh(explicit):
-            u0_s = jax.device_put(u0, PartitionSpec("x", None))
-            sharded, (g_u, g_args) = solve(u0_s, args), grad(u0_s, args)
-            solve_text = solve.lower(u0_s, args).compile().as_text()
-            grad_text = grad.lower(u0_s, args).compile().as_text()
-        results[name] = {
-            "ys_rel_diff": relative_difference(sharded.ys, plain.ys),
-            "steps": [int(sharded.stats.num_steps), int(plain.stats.num_steps)],
-            "ys_type_spec": str(jax.typeof(sharded.ys).sharding.spec),
-            "ys_sharded": sharded_as(sharded.ys, explicit, None, "x", None),
-            "grad_rel_diff": relative_difference((g_u, g_args), g_plain),
-            "grad_type_spec": str(jax.typeof(g_u).sharding.spec),
-            "grad_sharded": sharded_as(g_u, explicit, "x", None),
-            "solve_collectives": collectives(solve_text),
-            "grad_collectives": collectives(grad_text),
-        }
+        results[name] = explicit_figures(solve, grad, u0, args, explicit)[0]
     return results
 
 

@@ -144,6 +144,16 @@ def test_ensemble_across_processes(tmp_path):
         assert "Lane 5 of 8 failed: The vector field is NaN" in result["failing_lane"], result
 
 
+def check_explicit_grid(name: str, result: dict, tolerance: float) -> None:
+    """One grid's figures over an `Explicit` axis: one device's steps and results (to
+    `tolerance`), `ys` and the gradient sharded in their types."""
+    assert result["steps"][0] == result["steps"][1], name
+    assert result["ys_rel_diff"] <= tolerance, name
+    assert result["grad_rel_diff"] <= tolerance, name
+    assert result["ys_type_spec"] == "P(None, 'x', None)" and result["ys_sharded"], name
+    assert result["grad_type_spec"] == "P('x', None)" and result["grad_sharded"], name
+
+
 @pytest.mark.slow
 def test_sharded_grid_explicit_axes():
     """A 64x64 state sharded `P('x', None)` over an `Explicit` mesh axis (`jax.set_mesh`:
@@ -157,11 +167,7 @@ def test_sharded_grid_explicit_axes():
         "rk4_checkpoints", "rk4_default", "tsit5_checkpoints", "tsit5_default",
     ]  # fmt: skip
     for name, result in results.items():
-        assert result["steps"][0] == result["steps"][1], name
-        assert result["ys_rel_diff"] <= 1e-12, name
-        assert result["grad_rel_diff"] <= 1e-12, name
-        assert result["ys_type_spec"] == "P(None, 'x', None)" and result["ys_sharded"], name
-        assert result["grad_type_spec"] == "P('x', None)" and result["grad_sharded"], name
+        check_explicit_grid(name, result, 1e-12)
         for counts in (result["solve_collectives"], result["grad_collectives"]):
             assert_no_gathers(counts)
             assert counts["collective-permute"] == 0, (name, counts)
@@ -186,10 +192,6 @@ def test_sharded_grid_explicit_axes_implicit_steppers():
     assert results.pop("devices") == 4
     assert sorted(results) == ["bdf", "kvaerno5", "radau", "rodas5"]
     for name, result in results.items():
-        assert result["steps"][0] == result["steps"][1], name
-        assert result["ys_rel_diff"] <= 1e-10, name
-        assert result["grad_rel_diff"] <= 1e-10, name
-        assert result["ys_type_spec"] == "P(None, 'x', None)" and result["ys_sharded"], name
-        assert result["grad_type_spec"] == "P('x', None)" and result["grad_sharded"], name
+        check_explicit_grid(name, result, 1e-10)
         for counts in (result["solve_collectives"], result["grad_collectives"]):
             assert counts["all-to-all"] == 0 and counts["collective-permute"] == 0, (name, counts)
